@@ -1,0 +1,122 @@
+"""Entry checks shared by every public function.
+
+Structural checks (type, dtype, device, shape) read only metadata and cost nothing.
+Value checks (finiteness, empty rows) read data; the loss functions run them after the
+computation, on a handful of scalars, and only re-inspect elementwise when one is bad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .errors import InputError, InputTypeError
+
+__all__ = [
+    "format_positions",
+    "require_bool_mask",
+    "require_finite_where",
+    "require_float_tensor",
+    "require_nonempty_rows",
+    "require_same_device",
+    "require_same_dtype",
+    "require_shape",
+    "require_tensor",
+]
+
+_MAX_LISTED = 6
+
+
+def format_positions(bad: torch.Tensor) -> str:
+    """List the indices where ``bad`` is true, e.g. ``(0, 3), (2, 1) and 4 more``."""
+    idx = bad.nonzero().tolist()
+    shown = ", ".join("(" + ", ".join(str(i) for i in row) + ")" for row in idx[:_MAX_LISTED])
+    more = len(idx) - _MAX_LISTED
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def require_tensor(name: str, value: object) -> torch.Tensor:
+    """Return ``value`` if it is a ``torch.Tensor``; otherwise raise naming ``name``."""
+    if isinstance(value, torch.Tensor):
+        return value
+    kind = type(value).__module__ + "." + type(value).__qualname__
+    hint = ""
+    if type(value).__module__.startswith("numpy"):
+        hint = "; convert it with torch.from_numpy(...)"
+    elif isinstance(value, (list, tuple, int, float)):
+        hint = "; build it with torch.tensor(...)"
+    raise InputTypeError(f"{name} must be a torch.Tensor, got {kind}{hint}")
+
+
+def require_float_tensor(name: str, value: object) -> torch.Tensor:
+    """A floating-point tensor (float16, bfloat16, float32 or float64)."""
+    t = require_tensor(name, value)
+    if not t.is_floating_point():
+        raise InputTypeError(
+            f"{name} must have a floating-point dtype, got {t.dtype}; "
+            f"cast it with {name}.double() or .float()"
+        )
+    return t
+
+
+def require_bool_mask(name: str, value: object) -> torch.Tensor:
+    """A ``torch.bool`` tensor; integer and float 0/1 masks are rejected, not guessed."""
+    t = require_tensor(name, value)
+    if t.dtype != torch.bool:
+        raise InputTypeError(
+            f"{name} must be a torch.bool tensor, got {t.dtype}; "
+            f"pass {name}.bool() if it holds 0/1 values"
+        )
+    return t
+
+
+def require_shape(name: str, t: torch.Tensor, shape: Sequence[int], what: str) -> None:
+    """Raise unless ``t.shape == shape``; ``what`` spells the expected layout, e.g. ``[B, T]``."""
+    if tuple(t.shape) != tuple(shape):
+        raise InputError(
+            f"{name} must have shape {what} = {list(shape)}, got {list(t.shape)}"
+        )
+
+
+def require_same_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
+    """All float tensors share one dtype; mixed precision is an error, not an upcast."""
+    dtypes = {name: t.dtype for name, t in tensors.items()}
+    distinct = set(dtypes.values())
+    if len(distinct) > 1:
+        listing = ", ".join(f"{n}={d}" for n, d in dtypes.items())
+        raise InputTypeError(f"float tensors must share one dtype, got {listing}")
+    return next(iter(distinct))
+
+
+def require_same_device(tensors: dict[str, torch.Tensor]) -> torch.device:
+    """All tensors live on one device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise InputTypeError(f"tensors must be on one device, got {listing}")
+    return next(iter(devices.values()))
+
+
+def require_nonempty_rows(name: str, mask: torch.Tensor) -> None:
+    """Every row of a ``[B, T]`` mask holds at least one response token."""
+    if mask.shape[0] == 0 or mask.shape[1] == 0:
+        raise InputError(f"{name} must have B >= 1 and T >= 1, got shape {list(mask.shape)}")
+    empty = ~mask.any(dim=1)
+    if bool(empty.any()):
+        rows = empty.nonzero().flatten().tolist()
+        raise InputError(
+            f"{name} has rows with no response token: rows {rows}; "
+            "every sequence needs at least one token"
+        )
+
+
+def require_finite_where(name: str, t: torch.Tensor, where: torch.Tensor | None) -> None:
+    """No NaN or inf in ``t`` where ``where`` is true (everywhere when ``where`` is None)."""
+    bad = ~torch.isfinite(t)
+    if where is not None:
+        bad = bad & where
+    if bool(bad.any()):
+        kind = "NaN" if bool(torch.isnan(t[bad]).any()) else "inf"
+        place = "at response positions " if where is not None else "at positions "
+        raise InputError(f"{name} holds {kind} {place}{format_positions(bad)}")

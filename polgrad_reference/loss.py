@@ -1,0 +1,203 @@
+"""``policy_loss``: one code path that evaluates every point of the loss algebra.
+
+``loss = aggregate(w_is * surrogate(ratio), mask') + coef * aggregate(kl, mask')`` where
+``w_is`` / ``mask'`` come from the optional rollout importance-sampling correction and the
+KL term is present only when the config places it in the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from . import _validate as v
+from .aggregate import _inner, _weights
+from .config import ISCorrection, ISLevel, ISMode, PolicyLossConfig
+from .errors import ConfigError, InputError, NumericalError
+from .kl import kl_estimate
+from .ratios import masked_log_ratio, ratio
+from .surrogates import surrogate
+
+__all__ = ["PolicyLossOutput", "policy_loss"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossOutput:
+    """Everything ``policy_loss`` computed, for inspection and for the conformance kit."""
+
+    loss: torch.Tensor
+    """Scalar loss to minimise (policy term plus the KL term when it is in the loss)."""
+    policy_loss: torch.Tensor
+    """Scalar policy term alone."""
+    token_loss: torch.Tensor
+    """Per-token policy objective ``[B, T]`` (IS-weighted); meaningful at ``response_mask``."""
+    ratio: torch.Tensor
+    """Importance ratio ``[B, T]`` of the configured kind (1 at padding)."""
+    weights: torch.Tensor
+    """Aggregation weights ``[B, T]`` actually used, zero at padding."""
+    response_mask: torch.Tensor
+    """The mask that was aggregated over (the input mask less IS-masked tokens)."""
+    kl: torch.Tensor | None
+    """Per-token KL estimate ``[B, T]`` when the KL term is in the loss, else None."""
+    kl_loss: torch.Tensor | None
+    """Scalar ``coef * aggregate(kl)`` when the KL term is in the loss, else None."""
+
+
+def _check_inputs(
+    cfg: PolicyLossConfig,
+    logprobs: object,
+    old_logprobs: object,
+    advantages: object,
+    response_mask: object,
+    ref_logprobs: object,
+    rollout_logprobs: object,
+) -> dict[str, torch.Tensor]:
+    """Metadata-only checks: types, dtypes, devices, shapes, required optional tensors."""
+    if not isinstance(cfg, PolicyLossConfig):
+        raise ConfigError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
+    mask = v.require_bool_mask("response_mask", response_mask)
+    if mask.dim() != 2:
+        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
+    if mask.shape[0] == 0 or mask.shape[1] == 0:
+        raise InputError(
+            f"response_mask must have B >= 1 and T >= 1, got shape {list(mask.shape)}"
+        )
+    floats = {
+        "logprobs": v.require_float_tensor("logprobs", logprobs),
+        "old_logprobs": v.require_float_tensor("old_logprobs", old_logprobs),
+        "advantages": v.require_float_tensor("advantages", advantages),
+    }
+    needs = {
+        "ref_logprobs": (ref_logprobs, cfg.kl_in_loss, "the config places a KL term in the loss"),
+        "rollout_logprobs": (
+            rollout_logprobs,
+            cfg.is_correction is not None,
+            "the config has a rollout importance-sampling correction",
+        ),
+    }
+    for name, (value, needed, why) in needs.items():
+        if needed:
+            if value is None:
+                raise InputError(f"{name} is required because {why}")
+            floats[name] = v.require_float_tensor(name, value)
+    shape = tuple(mask.shape)
+    for name, t in floats.items():
+        if name == "advantages" and t.dim() == 1:
+            v.require_shape(name, t, shape[:1], "[B]")
+        else:
+            v.require_shape(name, t, shape, "[B, T] (or [B] for advantages)")
+    v.require_same_dtype(floats)
+    v.require_same_device({**floats, "response_mask": mask})
+    return {"response_mask": mask, **floats}
+
+
+def _is_weight(
+    corr: ISCorrection, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Detached rollout IS weight ``rho``, ``[B, T]`` (token) or ``[B, 1]`` (sequence)."""
+    log_rho = torch.where(mask, old - rollout, 0.0).detach()
+    if corr.level is ISLevel.SEQUENCE:
+        log_rho = log_rho.sum(dim=1, keepdim=True)
+    return torch.exp(log_rho)
+
+
+def _explain_failure(t: dict[str, torch.Tensor], out: PolicyLossOutput) -> None:
+    """Slow path, run only when a cheap probe saw a non-finite value or an empty row.
+
+    Raises the most specific error it can find; returns when the probe was a false alarm
+    (a sum of large but finite values overflowing).
+    """
+    mask = t["response_mask"]
+    v.require_nonempty_rows("response_mask", mask)
+    for name in ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs"):
+        if name in t:
+            v.require_finite_where(name, t[name], mask)
+    adv = t["advantages"]
+    v.require_finite_where("advantages", adv, mask if adv.dim() == 2 else None)
+    bad = ~torch.isfinite(out.ratio) & mask
+    if bool(bad.any()):
+        lr = (t["logprobs"] - t["old_logprobs"]).detach()[bad].max().item()
+        raise NumericalError(
+            f"the importance ratio exp(logprobs - old_logprobs) overflows "
+            f"{out.ratio.dtype} at positions {v.format_positions(bad)} "
+            f"(largest log-ratio {lr:.6g}); check that old_logprobs belong to the same "
+            "tokens, or compute in float64"
+        )
+    for name, value in (("loss", out.loss), ("kl_loss", out.kl_loss)):
+        if value is not None and not bool(torch.isfinite(value)):
+            raise NumericalError(
+                f"the {name} is {value.item()} although every input is finite; the "
+                "per-token terms overflow their dtype (advantages or log-ratios too large)"
+            )
+
+
+def policy_loss(
+    cfg: PolicyLossConfig,
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
+) -> PolicyLossOutput:
+    """Evaluate the policy loss ``cfg`` on a ``[B, T]`` right-padded batch.
+
+    ``logprobs`` is the only differentiable input; ``old_logprobs``, ``advantages``
+    (``[B]`` or ``[B, T]``), ``ref_logprobs`` and ``rollout_logprobs`` are treated as
+    constants. Values at padding are ignored (NaN allowed) and get zero gradient. Computes
+    in the inputs' dtype; the conformance oracle passes float64.
+
+    Raises ``InputError``/``InputTypeError`` for malformed input (naming the argument and
+    positions) and ``NumericalError`` instead of returning inf/NaN.
+    """
+    t = _check_inputs(
+        cfg, logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_logprobs
+    )
+    mask = t["response_mask"]
+    lp = t["logprobs"]
+    old = t["old_logprobs"].detach()
+    adv = t["advantages"].detach()
+    adv = adv[:, None] if adv.dim() == 1 else torch.where(mask, adv, 0.0)
+
+    log_ratio = masked_log_ratio(lp, old, mask)
+    r = ratio(cfg.ratio, log_ratio, mask)
+    token_loss = surrogate(cfg.surrogate, ratio=r, advantages=adv, logprobs=lp, clip=cfg.clip)
+    probes = [log_ratio.detach().sum(), r.detach().sum()]
+
+    corr = cfg.is_correction
+    if corr is not None:
+        rho = _is_weight(corr, old, t["rollout_logprobs"].detach(), mask)
+        probes.append(torch.where(mask, t["rollout_logprobs"].detach(), 0.0).sum())
+        if corr.mode is ISMode.TRUNCATE:
+            assert corr.cap is not None
+            token_loss = token_loss * rho.clamp(max=corr.cap)
+        else:
+            keep = torch.ones_like(rho, dtype=torch.bool)
+            if corr.low is not None:
+                keep &= rho >= corr.low
+            if corr.high is not None:
+                keep &= rho <= corr.high
+            mask = mask & keep
+
+    weights = _weights(mask, cfg.aggregation, cfg.budget, lp.dtype)
+    pol = _inner(token_loss, mask, weights)
+    kl = kl_loss = None
+    total = pol
+    if cfg.kl_in_loss:
+        assert cfg.kl is not None
+        kl = kl_estimate(
+            cfg.kl.estimator, logprobs=lp, ref_logprobs=t["ref_logprobs"], response_mask=mask
+        )
+        agg = cfg.kl.aggregation or cfg.aggregation
+        kl_w = weights if agg is cfg.aggregation else _weights(mask, agg, cfg.budget, lp.dtype)
+        kl_loss = cfg.kl.coef * _inner(kl, mask, kl_w)
+        total = pol + kl_loss
+    out = PolicyLossOutput(total, pol, token_loss, r, weights, mask, kl, kl_loss)
+
+    lengths_ok = t["response_mask"].any(dim=1).all()
+    probes.append(total.detach())
+    if not (bool(torch.isfinite(torch.stack(probes)).all()) and bool(lengths_ok)):
+        _explain_failure(t, out)
+    return out
