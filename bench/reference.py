@@ -2,8 +2,8 @@
 
 Configs: dapo (token-mean, clip 0.2/0.28) and grpo (seq-mean-token-mean, clip 0.2, k3 KL
 in the loss, coef 0.04). B=64, T=4096, float32, CPU. Time is the median of interleaved
-repetitions in one process; peak memory is the growth of the process's maximum RSS over
-a run, each implementation measured in its own fresh subprocess.
+repetitions in one process; peak memory is the peak of live tensor bytes during one
+forward+backward, from the torch profiler's allocation events.
 
 Run: ``python bench/reference.py`` (add ``--reps N``).
 """
@@ -11,15 +11,12 @@ Run: ``python bench/reference.py`` (add ``--reps N``).
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from polgrad_reference import ALGORITHMS, policy_loss
 
@@ -83,24 +80,26 @@ def step(fn: Loss, x: dict[str, torch.Tensor]) -> None:
     fn({**x, "logprobs": lp}).backward()
 
 
-def peak_rss_mib(name: str) -> float:
-    """Run in a fresh process: growth of max RSS across 3 steps, MiB."""
-    x = make_inputs()
-    step(IMPLS[name], make_inputs(1))  # warm-up on other tensors of the same size
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for _ in range(3):
-        step(IMPLS[name], x)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+def peak_tensor_mib(name: str, x: dict[str, torch.Tensor]) -> float:
+    """Peak of live CPU tensor bytes during one forward+backward, MiB, from the torch
+    profiler's allocation events (exact and repeatable, unlike RSS)."""
+    fn = IMPLS[name]
+    step(fn, x)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step(fn, x)
+    events = prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+    allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    live = peak = 0
+    for _, nbytes in allocations:
+        live += nbytes
+        peak = max(peak, live)
+    return peak / 2**20
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=60)
-    parser.add_argument("--rss", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.rss:
-        print(json.dumps(peak_rss_mib(args.rss)))
-        return
     torch.set_num_threads(1)
     x = make_inputs()
     times: dict[str, list[float]] = {k: [] for k in IMPLS}
@@ -112,14 +111,9 @@ def main() -> None:
             t0 = time.perf_counter()
             step(fn, x)
             times[key].append(time.perf_counter() - t0)
-    mem = {}
-    for key in IMPLS:
-        out = subprocess.run(
-            [sys.executable, __file__, "--rss", key], capture_output=True, text=True, check=True
-        )
-        mem[key] = json.loads(out.stdout)
+    mem = {key: peak_tensor_mib(key, x) for key in IMPLS}
     print(f"B={B} T={T} float32, {args.reps} interleaved reps, 1 thread, torch {torch.__version__}")
-    print(f"{'impl':<16} {'median ms':>10} {'peak RSS growth MiB':>20}")
+    print(f"{'impl':<16} {'median ms':>10} {'peak tensor MiB':>20}")
     for key in IMPLS:
         print(f"{key:<16} {statistics.median(times[key]) * 1e3:>10.3f} {mem[key]:>20.1f}")
     for algo in ("dapo", "grpo"):

@@ -74,9 +74,7 @@ def require_bool_mask(name: str, value: object) -> torch.Tensor:
 def require_shape(name: str, t: torch.Tensor, shape: Sequence[int], what: str) -> None:
     """Raise unless ``t.shape == shape``; ``what`` spells the expected layout, e.g. ``[B, T]``."""
     if tuple(t.shape) != tuple(shape):
-        raise InputError(
-            f"{name} must have shape {what} = {list(shape)}, got {list(t.shape)}"
-        )
+        raise InputError(f"{name} must have shape {what} = {list(shape)}, got {list(t.shape)}")
 
 
 def require_same_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:

@@ -31,19 +31,19 @@ def _weights(
 ) -> torch.Tensor:
     """Weights for a validated mask. Rows without tokens get weight 0 and are not counted
     as sequences by the seq-mean modes (only the rollout-IS 'mask' mode creates them)."""
-    m = mask.to(dtype)
+    m = mask.to(dtype)  # a fresh buffer: the divisions below are done in place
     if mode is Aggregation.TOKEN_SUM:
         return m
     if mode is Aggregation.TOKEN_MEAN:
-        return m / m.sum().clamp(min=1.0)
+        return m.div_(m.sum().clamp(min=1.0))
     if mode is Aggregation.TOKEN_SUM_NORM:
         assert budget is not None
-        return m / float(mask.shape[0] * budget)
+        return m.div_(float(mask.shape[0] * budget))
     lengths = m.sum(dim=1, keepdim=True)
     rows = (lengths > 0).sum().clamp(min=1).to(dtype)
     if mode is Aggregation.SEQ_MEAN_TOKEN_SUM:
-        return m / rows
-    return m / (lengths.clamp(min=1.0) * rows)  # SEQ_MEAN_TOKEN_MEAN
+        return m.div_(rows)
+    return m.div_(lengths.clamp(min=1.0) * rows)  # SEQ_MEAN_TOKEN_MEAN
 
 
 def token_weights(
@@ -126,6 +126,6 @@ def microbatch_token_weights(
     mode = _enum(Aggregation, mode, "mode")
     scaling = _enum(MicroBatchScaling, scaling, "scaling")
     budget = _budget_for(mode, budget)
-    chunks = mask.split(size, dim=0)
+    chunks = torch.split(mask, size, dim=0)
     scale = 1.0 / len(chunks) if scaling is MicroBatchScaling.MEAN else 1.0
     return torch.cat([_weights(c, mode, budget, dtype) * scale for c in chunks], dim=0)

@@ -352,9 +352,7 @@ class PolicyLossConfig(_Derivable):
     @property
     def kl_in_loss(self) -> bool:
         """True when a KL term with a positive coefficient is part of this loss."""
-        return (
-            self.kl is not None and self.kl.placement is KLPlacement.LOSS and self.kl.coef > 0.0
-        )
+        return self.kl is not None and self.kl.placement is KLPlacement.LOSS and self.kl.coef > 0.0
 
 
 @dataclasses.dataclass(frozen=True)

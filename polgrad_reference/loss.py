@@ -12,10 +12,10 @@ import dataclasses
 import torch
 
 from . import _validate as v
-from .aggregate import _inner, _weights
-from .config import ISCorrection, ISLevel, ISMode, PolicyLossConfig
+from .aggregate import _weights
+from .config import ISCorrection, ISLevel, ISMode, PolicyLossConfig, SurrogateKind
 from .errors import ConfigError, InputError, NumericalError
-from .kl import kl_estimate
+from .kl import k_values
 from .ratios import masked_log_ratio, ratio
 from .surrogates import surrogate
 
@@ -28,20 +28,34 @@ class PolicyLossOutput:
 
     loss: torch.Tensor
     """Scalar loss to minimise (policy term plus the KL term when it is in the loss)."""
-    policy_loss: torch.Tensor
-    """Scalar policy term alone."""
     token_loss: torch.Tensor
-    """Per-token policy objective ``[B, T]`` (IS-weighted); meaningful at ``response_mask``."""
+    """Per-token policy objective ``[B, T]`` (IS-weighted); finite but meaningless at
+    padding, where ``weights`` is 0."""
     ratio: torch.Tensor
     """Importance ratio ``[B, T]`` of the configured kind (1 at padding)."""
     weights: torch.Tensor
-    """Aggregation weights ``[B, T]`` actually used, zero at padding."""
+    """Aggregation weights ``[B, T]`` of the policy term, zero at padding."""
     response_mask: torch.Tensor
     """The mask that was aggregated over (the input mask less IS-masked tokens)."""
-    kl: torch.Tensor | None
+    kl: torch.Tensor | None = None
     """Per-token KL estimate ``[B, T]`` when the KL term is in the loss, else None."""
-    kl_loss: torch.Tensor | None
-    """Scalar ``coef * aggregate(kl)`` when the KL term is in the loss, else None."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL term (0 when it is not in the loss)."""
+    kl_weights: torch.Tensor | None = None
+    """The KL term's aggregation weights when they differ from ``weights``, else None."""
+
+    @property
+    def policy_loss(self) -> torch.Tensor:
+        """The policy term alone, ``sum(weights * token_loss)`` (differentiable)."""
+        return (self.token_loss * self.weights).sum()
+
+    @property
+    def kl_loss(self) -> torch.Tensor | None:
+        """The KL term alone, ``coef * aggregate(kl)``, or None (differentiable)."""
+        if self.kl is None:
+            return None
+        weights = self.weights if self.kl_weights is None else self.kl_weights
+        return self.kl_coef * (self.kl * weights).sum()
 
 
 def _check_inputs(
@@ -60,9 +74,7 @@ def _check_inputs(
     if mask.dim() != 2:
         raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
     if mask.shape[0] == 0 or mask.shape[1] == 0:
-        raise InputError(
-            f"response_mask must have B >= 1 and T >= 1, got shape {list(mask.shape)}"
-        )
+        raise InputError(f"response_mask must have B >= 1 and T >= 1, got shape {list(mask.shape)}")
     floats = {
         "logprobs": v.require_float_tensor("logprobs", logprobs),
         "old_logprobs": v.require_float_tensor("old_logprobs", old_logprobs),
@@ -124,7 +136,15 @@ def _explain_failure(t: dict[str, torch.Tensor], out: PolicyLossOutput) -> None:
             f"(largest log-ratio {lr:.6g}); check that old_logprobs belong to the same "
             "tokens, or compute in float64"
         )
-    for name, value in (("loss", out.loss), ("kl_loss", out.kl_loss)):
+    if out.kl is not None:
+        bad = ~torch.isfinite(out.kl) & out.response_mask
+        if bool(bad.any()):
+            raise NumericalError(
+                f"the KL estimate overflows {out.kl.dtype} at positions "
+                f"{v.format_positions(bad)}; ref_logprobs - logprobs is too large there "
+                "(check that ref_logprobs belong to the same tokens, or compute in float64)"
+            )
+    for name, value in (("kl_loss", out.kl_loss), ("loss", out.loss)):
         if value is not None and not bool(torch.isfinite(value)):
             raise NumericalError(
                 f"the {name} is {value.item()} although every input is finite; the "
@@ -163,13 +183,17 @@ def policy_loss(
 
     log_ratio = masked_log_ratio(lp, old, mask)
     r = ratio(cfg.ratio, log_ratio, mask)
+    if cfg.surrogate in (SurrogateKind.REINFORCE, SurrogateKind.CISPO):
+        lp = torch.where(mask, lp, 0.0)  # these read log pi itself: keep padding out
     token_loss = surrogate(cfg.surrogate, ratio=r, advantages=adv, logprobs=lp, clip=cfg.clip)
     probes = [log_ratio.detach().sum(), r.detach().sum()]
+    del log_ratio  # autograd keeps what it needs; holding it would raise peak memory
 
     corr = cfg.is_correction
     if corr is not None:
-        rho = _is_weight(corr, old, t["rollout_logprobs"].detach(), mask)
-        probes.append(torch.where(mask, t["rollout_logprobs"].detach(), 0.0).sum())
+        rollout = torch.where(mask, t["rollout_logprobs"].detach(), 0.0)
+        probes.append(rollout.sum())
+        rho = _is_weight(corr, old, rollout, mask)
         if corr.mode is ISMode.TRUNCATE:
             assert corr.cap is not None
             token_loss = token_loss * rho.clamp(max=corr.cap)
@@ -180,21 +204,29 @@ def policy_loss(
             if corr.high is not None:
                 keep &= rho <= corr.high
             mask = mask & keep
+            token_loss = torch.where(mask, token_loss, 0.0)
 
+    # Every per-token term is finite at padding from here on and every weight is 0 there, so each
+    # aggregation is a plain inner product with its weights.
     weights = _weights(mask, cfg.aggregation, cfg.budget, lp.dtype)
-    pol = _inner(token_loss, mask, weights)
-    kl = kl_loss = None
-    total = pol
+    kl = kl_weights = None
+    coef = 0.0
     if cfg.kl_in_loss:
         assert cfg.kl is not None
-        kl = kl_estimate(
-            cfg.kl.estimator, logprobs=lp, ref_logprobs=t["ref_logprobs"], response_mask=mask
-        )
+        ref_lr = (t["ref_logprobs"].detach() - lp).masked_fill_(~mask, 0.0)
+        kl = k_values(cfg.kl.estimator, ref_lr)
+        del ref_lr
+        probes.append(kl.detach().sum())
+        coef = cfg.kl.coef
         agg = cfg.kl.aggregation or cfg.aggregation
-        kl_w = weights if agg is cfg.aggregation else _weights(mask, agg, cfg.budget, lp.dtype)
-        kl_loss = cfg.kl.coef * _inner(kl, mask, kl_w)
-        total = pol + kl_loss
-    out = PolicyLossOutput(total, pol, token_loss, r, weights, mask, kl, kl_loss)
+        if agg is cfg.aggregation:
+            total = (torch.add(token_loss, kl, alpha=coef) * weights).sum()
+        else:
+            kl_weights = _weights(mask, agg, cfg.budget, lp.dtype)
+            total = (token_loss * weights).sum() + coef * (kl * kl_weights).sum()
+    else:
+        total = (token_loss * weights).sum()
+    out = PolicyLossOutput(total, token_loss, r, weights, mask, kl, coef, kl_weights)
 
     lengths_ok = t["response_mask"].any(dim=1).all()
     probes.append(total.detach())

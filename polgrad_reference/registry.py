@@ -72,9 +72,12 @@ class AlgorithmSpec:
             base = loss_changes.get("clip", self.loss.clip)
             loss_changes["clip"] = base.replace(**clip_changes)
         new_agg = loss_changes.get("aggregation")
-        if new_agg is not None and "budget" not in loss_changes:
-            if Aggregation(new_agg) is not Aggregation.TOKEN_SUM_NORM:
-                loss_changes["budget"] = None
+        if (
+            new_agg is not None
+            and "budget" not in loss_changes
+            and Aggregation(new_agg) is not Aggregation.TOKEN_SUM_NORM
+        ):
+            loss_changes["budget"] = None
         loss = self.loss.replace(**loss_changes)
         return dataclasses.replace(self, loss=loss, advantage=advantage)
 
@@ -105,9 +108,7 @@ _SPECS = (
             "arXiv:1506.02438 Eq. 16 (GAE)",
         ),
         unstated=(
-            Unstated(
-                "aggregation", "token-mean", "the paper averages over timesteps of a batch"
-            ),
+            Unstated("aggregation", "token-mean", "the paper averages over timesteps of a batch"),
             Unstated("advantage.gamma", 1.0, "paper uses 0.99 for control; LLM RLHF uses 1"),
             Unstated("advantage.lam", 0.95, "the paper's Mujoco value (Table 3)"),
         ),
@@ -235,9 +236,7 @@ _SPECS = (
             "arXiv:2402.14740 Eq. 6 (leave-one-out baseline)",
             "arXiv:2402.14740 Sec. 3 (whole completion is one action: sum of token log-probs)",
         ),
-        unstated=(
-            Unstated("kl.coef", 0.05, "the KL-in-reward coefficient varies per experiment"),
-        ),
+        unstated=(Unstated("kl.coef", 0.05, "the KL-in-reward coefficient varies per experiment"),),
     ),
     AlgorithmSpec(
         name="reinforce_pp",

@@ -36,7 +36,9 @@ def surrogate(
     if kind is SurrogateKind.PG_CLIP:
         loss = torch.maximum(-advantages * ratio, -advantages * _clamp(ratio, clip))
         if clip.dual_clip is not None:
-            loss = torch.where(advantages < 0, torch.minimum(loss, -clip.dual_clip * advantages), loss)
+            loss = torch.where(
+                advantages < 0, torch.minimum(loss, -clip.dual_clip * advantages), loss
+            )
         return loss
     if kind is SurrogateKind.PG:
         return -advantages * ratio
@@ -46,9 +48,7 @@ def surrogate(
     return -(_clamp(ratio, clip).detach() * advantages) * logprobs
 
 
-def clip_region(
-    *, ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConfig
-) -> torch.Tensor:
+def clip_region(*, ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConfig) -> torch.Tensor:
     """Tokens whose pg_clip gradient is zero because a clip is active, as a bool ``[B, T]``.
 
     ``A > 0 and r > 1 + eps_high``, ``A < 0 and r < 1 - eps_low``, or, with dual clip ``c``,

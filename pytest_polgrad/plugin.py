@@ -1,14 +1,55 @@
-"""The pytest plugin: registers the ``polgrad_conforms`` marker.
+"""The pytest plugin: the ``polgrad_conforms`` marker, its generated items, options,
+fixtures and the terminal/JSON reports.
 
-Loaded for every pytest session through the ``pytest11`` entry point, so this module and
-everything it imports at module level stays free of torch.
+Loaded for every pytest session through the ``pytest11`` entry point, so this module
+imports nothing heavy at module level: torch and Hypothesis are imported only when a
+marked function is collected or a polgrad fixture is used.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from .options import PROFILES, ConformanceOptions, MarkerError, parse_marker
+
 MARKER = "polgrad_conforms"
+DEFAULT_SEED = 0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("polgrad", "pytest-polgrad conformance checks")
+    group.addoption(
+        "--polgrad-max-examples",
+        type=int,
+        default=None,
+        help="examples per polgrad check (overrides markers and the profile)",
+    )
+    group.addoption(
+        "--polgrad-seed",
+        type=int,
+        default=None,
+        help=f"base seed of every polgrad check (default {DEFAULT_SEED}); checks are "
+        "deterministic for a given seed",
+    )
+    group.addoption(
+        "--polgrad-profile",
+        choices=sorted(PROFILES),
+        default=None,
+        help="example budget: " + ", ".join(f"{k}={v}" for k, v in PROFILES.items()),
+    )
+    group.addoption(
+        "--polgrad-report", default=None, metavar="PATH", help="write a JSON report of all checks"
+    )
+    parser.addini("polgrad_max_examples", "examples per polgrad check", default=None)
+    parser.addini("polgrad_seed", "base seed of the polgrad checks", default=None)
+    parser.addini(
+        "polgrad_profile", "polgrad example budget: quick, default, thorough", default=None
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -17,3 +58,229 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(reference, **options): check the marked loss function against the "
         "named polgrad reference semantics (see pytest-polgrad docs)",
     )
+    config.pluginmanager.register(Reporter(config), "polgrad-reporter")
+
+
+def _int_setting(config: pytest.Config, option: str, ini: str) -> int | None:
+    value = config.getoption(option)
+    if value is None:
+        raw = config.getini(ini)
+        if raw in (None, ""):
+            return None
+        try:
+            value = int(str(raw))
+        except ValueError:
+            raise pytest.UsageError(f"ini option {ini} must be an integer, got {raw!r}") from None
+    return int(value)
+
+
+def _profile_budget(config: pytest.Config, source: str) -> int | None:
+    name = (
+        config.getoption("--polgrad-profile")
+        if source == "cli"
+        else config.getini("polgrad_profile")
+    )
+    if name in (None, ""):
+        return None
+    if name not in PROFILES:
+        raise pytest.UsageError(f"polgrad_profile must be one of {sorted(PROFILES)}, got {name!r}")
+    return PROFILES[str(name)]
+
+
+def max_examples(config: pytest.Config, options: ConformanceOptions) -> int:
+    """Command line (examples, then profile) > marker > ini (examples, then profile) > 100."""
+    for value in (
+        config.getoption("--polgrad-max-examples"),
+        _profile_budget(config, "cli"),
+        options.max_examples,
+        _int_setting(config, "--polgrad-max-examples", "polgrad_max_examples"),
+        _profile_budget(config, "ini"),
+    ):
+        if value is not None:
+            if value < 1:
+                raise pytest.UsageError(f"polgrad max examples must be >= 1, got {value}")
+            return int(value)
+    return PROFILES["default"]
+
+
+def base_seed(config: pytest.Config) -> int:
+    value = _int_setting(config, "--polgrad-seed", "polgrad_seed")
+    return DEFAULT_SEED if value is None else value
+
+
+class ConformanceFailure(AssertionError):
+    """A polgrad check failed; its message is the full report."""
+
+
+class PolgradItem(pytest.Item):
+    """One check of one marked function: ``fn[<reference>-<check>]``."""
+
+    def __init__(
+        self,
+        *,
+        fn: Callable[..., Any],
+        options: ConformanceOptions,
+        check: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.fn = fn
+        self.options = options
+        self.check = check
+
+    def runtest(self) -> None:
+        from .engine import build_context, run_check
+
+        config = self.config
+        seed = base_seed(config)
+        replay = f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={seed}"
+        ctx = build_context(self.fn, self.options)
+        result = run_check(
+            ctx,
+            self.check,
+            max_examples=max_examples(config, self.options),
+            base_seed=seed,
+            replay=replay,
+        )
+        self.user_properties.append(("polgrad", json.dumps(result.as_dict())))
+        reason = self.options.expect.get(self.check)
+        if result.passed and reason is not None:
+            raise ConformanceFailure(
+                f"{result.function}: check {self.check!r} was declared as a known deviation "
+                f"({reason!r}) but it now passes; remove it from expect= on the marker"
+            )
+        if not result.passed:
+            if reason is not None:
+                pytest.xfail(f"known deviation: {reason}")
+            raise ConformanceFailure(result.report)
+
+    def repr_failure(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> str | Any:
+        if isinstance(excinfo.value, ConformanceFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.name
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(
+    collector: pytest.Module | pytest.Class, name: str, obj: object
+) -> list[PolgradItem] | None:
+    marks = [m for m in getattr(obj, "pytestmark", []) if getattr(m, "name", None) == MARKER]
+    if not marks or not callable(obj) or isinstance(obj, type):
+        return None
+    from .engine import applicable_checks, resolve_config
+
+    items: list[PolgradItem] = []
+    seen: set[str] = set()
+    for mark in marks:
+        try:
+            options = parse_marker(mark.args, mark.kwargs)
+            cfg = resolve_config(options)
+        except (MarkerError, ValueError, TypeError) as exc:
+            raise collector.CollectError(f"{name}: invalid @pytest.mark.{MARKER}: {exc}") from exc
+        if options.reference_id in seen:
+            raise collector.CollectError(
+                f"{name}: two {MARKER} markers share the id {options.reference_id!r}; "
+                "give one of them id='...'"
+            )
+        seen.add(options.reference_id)
+        for check in applicable_checks(cfg, options):
+            item = PolgradItem.from_parent(
+                collector,
+                name=f"{name}[{options.reference_id}-{check}]",
+                fn=obj,
+                options=options,
+                check=check,
+            )
+            for other in getattr(obj, "pytestmark", []):
+                if getattr(other, "name", None) != MARKER:
+                    item.add_marker(other)
+            items.append(item)
+    return items
+
+
+class Reporter:
+    """Collects check results (on the xdist controller too, via ``user_properties``) and
+    writes the summary table and the JSON report."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.results: list[dict[str, Any]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for key, value in report.user_properties:
+            if key == "polgrad":
+                entry = json.loads(str(value))
+                entry["status"] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                entry["nodeid"] = report.nodeid
+                self.results.append(entry)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.results or hasattr(self.config, "workerinput"):
+            return
+        tr = terminalreporter
+        tr.section("polgrad conformance")
+        header = ("function", "reference", "pass", "fail", "expected", "worst/tol", "diagnosis")
+        rows = list(summary_rows(self.results))
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(6)]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+        tr.write_line(fmt.format(*header))
+        for row in rows:
+            tr.write_line(fmt.format(*row))
+        path = self.config.getoption("--polgrad-report")
+        if path:
+            ordered = sorted(self.results, key=lambda r: str(r["nodeid"]))
+            Path(path).write_text(json.dumps(ordered, indent=2) + "\n")
+            tr.write_line(f"polgrad JSON report written to {path}")
+
+
+def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
+    """One row per (function, reference): counts, worst error, diagnosis."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["function"], r["reference"]), []).append(r)
+    for (fn, ref), rows in sorted(groups.items()):
+        passed = sum(r["status"] == "passed" for r in rows)
+        failed = sum(r["status"] == "failed" for r in rows)
+        expected = sum(r["status"] == "xfailed" for r in rows)
+        worst = max(float(r["worst"]) for r in rows)
+        diagnosis = next((str(r["diagnosis"]) for r in rows if r["diagnosis"]), "")
+        if not diagnosis and failed == 0:
+            diagnosis = "conforms" if expected == 0 else "conforms, except the declared deviations"
+        if len(diagnosis) > 110:
+            diagnosis = diagnosis[:107] + "..."
+        yield fn, ref, str(passed), str(failed), str(expected), f"{worst:.3g}", diagnosis
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture
+def polgrad_oracle() -> Callable[..., Any]:
+    """Factory: ``polgrad_oracle("grpo", budget=8)`` returns a callable
+    ``oracle(**batch) -> PolicyLossOutput`` of the reference (float64)."""
+    from .fixtures import make_oracle
+
+    return make_oracle
+
+
+@pytest.fixture
+def polgrad_batch() -> Callable[..., Any]:
+    """Factory of canonical batches: ``polgrad_batch("ragged", dtype=torch.float32)``."""
+    from .fixtures import make_batch
+
+    return make_batch
+
+
+@pytest.fixture
+def polgrad_report_type() -> type:
+    """The result type of one check (``CheckResult``), for typing custom reporting."""
+    from .engine import CheckResult
+
+    return CheckResult

@@ -84,7 +84,7 @@ def test_microbatch_weights_equal_autograd_of_an_accumulation_loop(
 ) -> None:
     mask = batch["response_mask"]
     x = batch["logprobs"].clone().requires_grad_()
-    chunks = list(zip(x.split(size), mask.split(size)))
+    chunks = list(zip(x.split(size), mask.split(size), strict=True))
     scale = 1.0 / len(chunks) if scaling == "mean" else 1.0
     for xc, mc in chunks:  # an explicit gradient-accumulation loop
         (aggregate(xc, response_mask=mc, mode=mode, budget=_budget(mode)) * scale).backward()
@@ -131,7 +131,7 @@ def test_bad_config_values(kwargs: dict, error: type, words: str) -> None:
 
 
 def test_bad_masks_and_shapes() -> None:
-    with pytest.raises(InputTypeError, match="response_mask must be a torch.bool"):
+    with pytest.raises(InputTypeError, match=r"response_mask must be a torch\.bool"):
         token_weights(torch.ones(2, 3), "token-mean")
     with pytest.raises(InputError, match=r"response_mask must be 2-D"):
         token_weights(torch.ones(3, dtype=torch.bool), "token-mean")
@@ -142,8 +142,16 @@ def test_bad_masks_and_shapes() -> None:
     with pytest.raises(InputError, match=r"no response token: rows \[1\]"):
         token_weights(torch.tensor([[True], [False]]), "token-mean")
     with pytest.raises(InputError, match=r"x must have shape"):
-        aggregate(torch.ones(2, 4), response_mask=torch.ones(2, 3, dtype=torch.bool), mode="token-sum")
+        aggregate(
+            torch.ones(2, 4), response_mask=torch.ones(2, 3, dtype=torch.bool), mode="token-sum"
+        )
     with pytest.raises(InputError, match=r"x must have a floating-point dtype"):
-        aggregate(torch.ones(2, 3, dtype=torch.long), response_mask=torch.ones(2, 3, dtype=torch.bool), mode="token-sum")
+        aggregate(
+            torch.ones(2, 3, dtype=torch.long),
+            response_mask=torch.ones(2, 3, dtype=torch.bool),
+            mode="token-sum",
+        )
     with pytest.raises(ConfigError, match="micro_batch_size"):
-        microbatch_token_weights(torch.ones(2, 3, dtype=torch.bool), "token-mean", micro_batch_size=0)
+        microbatch_token_weights(
+            torch.ones(2, 3, dtype=torch.bool), "token-mean", micro_batch_size=0
+        )

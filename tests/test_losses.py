@@ -124,8 +124,8 @@ def test_gspo_token_value_equals_gspo_and_gradients_agree_for_sequence_advantage
     tok_out = policy_loss(token, **batch)
     assert torch.equal(seq_out.loss, tok_out.loss)
     assert torch.equal(seq_out.ratio, tok_out.ratio)
-    loss_s, grad_s = loss_and_grad(gspo, batch)
-    loss_t, grad_t = loss_and_grad(token, batch)
+    _, grad_s = loss_and_grad(gspo, batch)
+    _, grad_t = loss_and_grad(token, batch)
     assert torch.allclose(grad_s, grad_t, rtol=1e-12, atol=1e-15)
 
 
@@ -148,7 +148,9 @@ def test_gspo_token_gradient_is_token_local() -> None:
 @given(batch=ragged(), dual=st.sampled_from([None, 2.0, 3.0]))
 def test_clip_region_equals_autograd_zero_tokens(batch: dict, dual: float | None) -> None:
     batch = build(
-        [int(n) for n in batch["response_mask"].sum(1)], seed=int(batch["advantages"].numel()), gap=1.6
+        [int(n) for n in batch["response_mask"].sum(1)],
+        seed=int(batch["advantages"].numel()),
+        gap=1.6,
     )
     cfg = PolicyLossConfig(aggregation="token-sum", clip=ClipConfig(0.2, 0.28, dual_clip=dual))
     out = policy_loss(cfg, **batch)
@@ -238,9 +240,11 @@ def test_masked_is_drops_tokens_from_the_denominator() -> None:
     rho = torch.exp(torch.where(mask, batch["old_logprobs"] - batch["rollout_logprobs"], 0.0))
     keep = mask & (rho >= 0.9) & (rho <= 1.1)
     assert torch.equal(out.response_mask, keep)
-    plain = policy_loss(PolicyLossConfig(), **{**batch, "response_mask": keep}) if keep.any(
-        1
-    ).all() else None
+    plain = (
+        policy_loss(PolicyLossConfig(), **{**batch, "response_mask": keep})
+        if keep.any(1).all()
+        else None
+    )
     if plain is not None:
         assert torch.allclose(out.loss, plain.loss, rtol=1e-15)
     everything = PolicyLossConfig(is_correction=ISCorrection(mode="mask", low=1e6))

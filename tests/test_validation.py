@@ -39,31 +39,67 @@ def test_valid_batch_with_nan_padding_is_fine() -> None:
 @pytest.mark.parametrize(
     ("changes", "error", "words"),
     [
-        ({"logprobs": torch.zeros(2, 5, dtype=torch.float64)}, InputError,
-         r"logprobs must have shape .*\[2, 4\], got \[2, 5\]"),
-        ({"advantages": torch.zeros(3, dtype=torch.float64)}, InputError,
-         r"advantages must have shape \[B\] = \[2\], got \[3\]"),
-        ({"advantages": torch.zeros(2, 3, dtype=torch.float64)}, InputError,
-         r"advantages must have shape"),
-        ({"response_mask": torch.ones(2, 4)}, InputTypeError,
-         r"response_mask must be a torch.bool tensor, got torch.float32"),
-        ({"response_mask": torch.ones(2, 4, dtype=torch.long)}, InputTypeError,
-         r"response_mask must be a torch.bool"),
-        ({"response_mask": torch.ones(0, 4, dtype=torch.bool)}, InputError,
-         r"B >= 1 and T >= 1, got shape \[0, 4\]"),
-        ({"response_mask": torch.ones(2, 0, dtype=torch.bool)}, InputError,
-         r"B >= 1 and T >= 1, got shape \[2, 0\]"),
-        ({"response_mask": torch.tensor([[True] * 4, [False] * 4])}, InputError,
-         r"response_mask has rows with no response token: rows \[1\]"),
-        ({"logprobs": torch.zeros(2, 4, dtype=torch.long)}, InputTypeError,
-         r"logprobs must have a floating-point dtype, got torch.int64"),
-        ({"old_logprobs": torch.zeros(2, 4, dtype=torch.float32)}, InputTypeError,
-         r"share one dtype.*old_logprobs=torch.float32"),
-        ({"logprobs": np.zeros((2, 4))}, InputTypeError,
-         r"logprobs must be a torch.Tensor, got numpy.ndarray; .*torch.from_numpy"),
+        (
+            {"logprobs": torch.zeros(2, 5, dtype=torch.float64)},
+            InputError,
+            r"logprobs must have shape .*\[2, 4\], got \[2, 5\]",
+        ),
+        (
+            {"advantages": torch.zeros(3, dtype=torch.float64)},
+            InputError,
+            r"advantages must have shape \[B\] = \[2\], got \[3\]",
+        ),
+        (
+            {"advantages": torch.zeros(2, 3, dtype=torch.float64)},
+            InputError,
+            r"advantages must have shape",
+        ),
+        (
+            {"response_mask": torch.ones(2, 4)},
+            InputTypeError,
+            r"response_mask must be a torch.bool tensor, got torch.float32",
+        ),
+        (
+            {"response_mask": torch.ones(2, 4, dtype=torch.long)},
+            InputTypeError,
+            r"response_mask must be a torch.bool",
+        ),
+        (
+            {"response_mask": torch.ones(0, 4, dtype=torch.bool)},
+            InputError,
+            r"B >= 1 and T >= 1, got shape \[0, 4\]",
+        ),
+        (
+            {"response_mask": torch.ones(2, 0, dtype=torch.bool)},
+            InputError,
+            r"B >= 1 and T >= 1, got shape \[2, 0\]",
+        ),
+        (
+            {"response_mask": torch.tensor([[True] * 4, [False] * 4])},
+            InputError,
+            r"response_mask has rows with no response token: rows \[1\]",
+        ),
+        (
+            {"logprobs": torch.zeros(2, 4, dtype=torch.long)},
+            InputTypeError,
+            r"logprobs must have a floating-point dtype, got torch.int64",
+        ),
+        (
+            {"old_logprobs": torch.zeros(2, 4, dtype=torch.float32)},
+            InputTypeError,
+            r"share one dtype.*old_logprobs=torch.float32",
+        ),
+        (
+            {"logprobs": np.zeros((2, 4))},
+            InputTypeError,
+            r"logprobs must be a torch.Tensor, got numpy.ndarray; .*torch.from_numpy",
+        ),
         ({"advantages": [1.0, 2.0]}, InputTypeError, r"advantages must be a torch.Tensor"),
-        ({"old_logprobs": torch.zeros(2, 4, dtype=torch.float64, device="meta")}, InputTypeError,
-         r"one device.*old_logprobs on meta"),
+        (
+            {"old_logprobs": torch.zeros(2, 4, dtype=torch.float64, device="meta")},
+            InputTypeError,
+            r"one device.*old_logprobs on meta",
+        ),
     ],
 )
 def test_malformed_inputs(changes: dict, error: type, words: str) -> None:
@@ -85,7 +121,9 @@ def test_non_finite_at_response_positions(name: str, value: float) -> None:
 def test_non_finite_advantages() -> None:
     b = batch()
     with pytest.raises(InputError, match=r"advantages holds NaN at positions \(1\)"):
-        policy_loss(CFG, **{**b, "advantages": torch.tensor([0.5, float("nan")], dtype=torch.float64)})
+        policy_loss(
+            CFG, **{**b, "advantages": torch.tensor([0.5, float("nan")], dtype=torch.float64)}
+        )
     per_token = torch.zeros(2, 4, dtype=torch.float64)
     per_token[0, 3] = float("nan")  # padding: fine
     assert policy_loss(CFG, **{**b, "advantages": per_token}).loss.isfinite()
@@ -103,7 +141,10 @@ def test_ratio_overflow_is_reported_not_returned() -> None:
         policy_loss(CFG, logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask)
     # in float64 the same ratio is finite and the loss is exact
     out = policy_loss(
-        CFG, logprobs=lp.double(), old_logprobs=old.double(), advantages=adv.double(),
+        CFG,
+        logprobs=lp.double(),
+        old_logprobs=old.double(),
+        advantages=adv.double(),
         response_mask=mask,
     )
     assert out.loss.isfinite()
@@ -116,12 +157,14 @@ def test_loss_overflow_is_reported() -> None:
 
 
 def test_required_optional_tensors() -> None:
-    with pytest.raises(InputError, match="ref_logprobs is required because .*KL term"):
+    with pytest.raises(InputError, match=r"ref_logprobs is required because .*KL term"):
         policy_loss(ALGORITHMS["grpo"].loss, **batch())
-    with pytest.raises(InputError, match="rollout_logprobs is required because .*importance"):
+    with pytest.raises(InputError, match=r"rollout_logprobs is required because .*importance"):
         policy_loss(CFG.replace(is_correction=ISCorrection()), **batch())
     with pytest.raises(InputError, match="ref_logprobs must have shape"):
-        policy_loss(ALGORITHMS["grpo"].loss, **batch(ref_logprobs=torch.zeros(2, 2, dtype=torch.float64)))
+        policy_loss(
+            ALGORITHMS["grpo"].loss, **batch(ref_logprobs=torch.zeros(2, 2, dtype=torch.float64))
+        )
     with pytest.raises(ConfigError, match="cfg must be a PolicyLossConfig"):
         policy_loss("grpo", **batch())  # type: ignore[arg-type]
 
@@ -155,3 +198,11 @@ def test_required_optional_tensors() -> None:
 def test_out_of_range_config_values(build_config: object, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         build_config()  # type: ignore[operator]
+
+
+def test_kl_overflow_is_reported() -> None:
+    b = batch(ref_logprobs=torch.zeros(2, 4, dtype=torch.float64))
+    ref = b["ref_logprobs"].clone()
+    ref[1, 1] = 800.0  # exp(800 - logprobs) overflows float64
+    with pytest.raises(NumericalError, match=r"KL estimate overflows .* positions \(1, 1\)"):
+        policy_loss(ALGORITHMS["grpo"].loss, **{**b, "ref_logprobs": ref})

@@ -1,0 +1,405 @@
+"""The catalogue of checks: each a small named property of a loss function over a batch.
+
+A check either returns the worst error it saw (in units of its tolerance, ``<= 1``) or
+raises :class:`CheckFailure` carrying the batch and the numbers side by side. Hypothesis
+drives the batches and shrinks failures; see :mod:`pytest_polgrad.engine`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+
+from polgrad_reference import (
+    Aggregation,
+    ISMode,
+    MicroBatchScaling,
+    PolicyLossConfig,
+    SurrogateKind,
+)
+
+from .options import ConformanceOptions
+from .oracle import Oracle, OracleResult
+from .target import Evaluation, FunctionUnderTest, Verdict
+from .tolerance import Comparison, Tolerance
+
+__all__ = ["CHECKS", "Check", "CheckFailure", "Context"]
+
+Batch = Mapping[str, torch.Tensor]
+
+
+class CheckFailure(AssertionError):
+    """A property does not hold on a batch; carries what the report shows."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        numbers: list[tuple[str, str, str]] | None = None,
+        entries: list[tuple[tuple[int, ...], float, float]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.numbers = numbers or []
+        """``(quantity, expected, actual)`` rows."""
+        self.entries = entries or []
+        """Worst gradient entries: ``((b, t), expected, actual)``."""
+
+
+@dataclasses.dataclass
+class Context:
+    """What every check needs: the function, the oracle, the tolerance, and running notes."""
+
+    fut: FunctionUnderTest
+    oracle: Oracle
+    tolerance: Tolerance
+    options: ConformanceOptions
+    worst: float = 0.0
+    notes: set[str] = dataclasses.field(default_factory=set)
+
+    @property
+    def config(self) -> PolicyLossConfig:
+        return self.oracle.config
+
+    def expected(self, batch: Batch) -> OracleResult:
+        return self.oracle(batch, kink_eps=self.tolerance.loosest)
+
+    def record(self, cmp: Comparison, what: str) -> float:
+        self.worst = max(self.worst, cmp.error)
+        if cmp.ok and cmp.precision is not self.tolerance.input_dtype:
+            self.notes.add(
+                f"{what}: consistent with {str(cmp.precision).removeprefix('torch.')} arithmetic, "
+                f"not {str(self.tolerance.input_dtype).removeprefix('torch.')} (internal "
+                "downcast or an epsilon guard); passes by default, fails with strict=True"
+            )
+        return cmp.error
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One named property. ``domain`` picks the batches; ``applies`` says whether the check
+    is meaningful for a reference config (inapplicable checks generate no item)."""
+
+    name: str
+    summary: str
+    run: Callable[[Context, Batch], float]
+    domain: str = "semantic"
+    on_policy: bool = False
+    applies: Callable[[PolicyLossConfig, ConformanceOptions], bool] = lambda cfg, opt: True
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.17g}" if math.isfinite(x) else str(x)
+
+
+def _require_finite_loss(ev: Evaluation) -> None:
+    if not bool(torch.isfinite(ev.loss)):
+        raise Verdict(f"the function returned {ev.loss.item()} for a valid batch")
+
+
+def _worst_entries(
+    ratios: torch.Tensor, expected: torch.Tensor, actual: torch.Tensor, k: int = 4
+) -> list[tuple[tuple[int, ...], float, float]]:
+    flat = torch.nan_to_num(ratios, nan=math.inf).flatten()
+    top = flat.topk(min(k, flat.numel())).indices
+    out = []
+    for i in top.tolist():
+        if flat[i] <= 1.0:
+            break
+        pos = tuple(int(p) for p in torch.unravel_index(torch.tensor(i), ratios.shape))
+        out.append((pos, float(expected[pos]), float(actual[pos])))
+    return out
+
+
+def check_value(ctx: Context, batch: Batch) -> float:
+    ev = ctx.fut.call(batch, grad=False)
+    _require_finite_loss(ev)
+    ref = ctx.expected(batch)
+    actual = float(ev.loss)
+    cmp = ctx.tolerance.value(actual, ref.loss, ref.value_scale, ref.n_tokens)
+    if not cmp.ok:
+        raise CheckFailure(
+            f"loss differs from the reference by {abs(actual - ref.loss):.3g} "
+            f"({cmp.error:.3g}x the tolerance)",
+            numbers=[("loss", _fmt(ref.loss), _fmt(actual))],
+        )
+    return ctx.record(cmp, "value")
+
+
+def _compare_grad(
+    ctx: Context, batch: Batch, ev: Evaluation, ref: OracleResult, what: str
+) -> float:
+    assert ev.grad is not None
+    mask = batch["response_mask"]
+    clear = mask & ~ref.ambiguous
+    cmp, ratios = ctx.tolerance.tensor(ev.grad, ref.grad, ref.grad_scale, clear)
+    kinks = ref.ambiguous & ~torch.isfinite(ev.grad)
+    if bool(kinks.any()):
+        cmp = Comparison(False, math.inf, cmp.precision)
+        ratios = torch.where(kinks, math.inf, ratios)
+    if not cmp.ok:
+        n_bad = int((ratios > 1).sum())
+        raise CheckFailure(
+            f"{what} differs from the reference at {n_bad} response position(s), worst by "
+            f"{cmp.error:.3g}x the tolerance",
+            entries=_worst_entries(ratios, ref.grad, ev.grad.to(torch.float64)),
+        )
+    return ctx.record(cmp, what)
+
+
+def check_gradient(ctx: Context, batch: Batch) -> float:
+    ev = ctx.fut.call(batch)
+    _require_finite_loss(ev)
+    return _compare_grad(ctx, batch, ev, ctx.expected(batch), "d loss / d logprobs")
+
+
+def check_masked_positions(ctx: Context, batch: Batch) -> float:
+    ev = ctx.fut.call(batch)
+    assert ev.grad is not None
+    pad = ~batch["response_mask"]
+    bad = pad & (ev.grad != 0)
+    if bool(bad.any()):
+        pos = [tuple(p) for p in bad.nonzero().tolist()][:4]
+        raise CheckFailure(
+            f"the gradient is not exactly zero at {int(bad.sum())} padding position(s)",
+            entries=[(p, 0.0, float(ev.grad[p])) for p in pos],
+        )
+    return 0.0
+
+
+def _regarbage(batch: Batch, seed: int, nan: bool) -> dict[str, torch.Tensor]:
+    """The same batch with different values at padding (NaN when ``nan``)."""
+    mask = batch["response_mask"]
+    g = torch.Generator().manual_seed(seed)
+    out = dict(batch)
+    for name, t in batch.items():
+        if not t.is_floating_point() or t.dim() != 2:
+            continue
+        noise = (torch.rand(t.shape, generator=g, dtype=torch.float64) * -20).to(t.dtype)
+        fill = torch.full_like(t, math.nan) if nan else noise
+        out[name] = torch.where(mask, t, fill)
+    return out
+
+
+def _same_result(
+    ctx: Context, batch: Batch, a: Evaluation, b: Evaluation, what: str, width: int
+) -> float:
+    ref = ctx.expected(batch)
+    la, lb = float(a.loss), float(b.loss)
+    cmp = ctx.tolerance.value(lb, la, ref.value_scale, ref.n_tokens)
+    if not cmp.ok:
+        raise CheckFailure(
+            f"the loss changes when {what}",
+            numbers=[("loss", _fmt(la), _fmt(lb))],
+        )
+    assert a.grad is not None and b.grad is not None
+    ga, gb = a.grad.to(torch.float64), b.grad[:, :width].to(torch.float64)
+    cmp2, ratios = ctx.tolerance.tensor(gb, ga, ref.grad_scale, batch["response_mask"])
+    if not cmp2.ok:
+        raise CheckFailure(
+            f"the gradient changes when {what}", entries=_worst_entries(ratios, ga, gb)
+        )
+    return max(cmp.error, cmp2.error)
+
+
+def check_padding_values(ctx: Context, batch: Batch) -> float:
+    first = ctx.fut.call(batch)
+    _require_finite_loss(first)
+    other = _regarbage(batch, seed=1234, nan=ctx.options.padding_nan)
+    second = ctx.fut.call(other)
+    what = "only the values at padding change" + (" (to NaN)" if ctx.options.padding_nan else "")
+    return _same_result(ctx, batch, first, second, what, batch["response_mask"].shape[1])
+
+
+def _widen(batch: Batch, extra: int) -> dict[str, torch.Tensor]:
+    """Append ``extra`` padding columns (mask False, finite garbage values)."""
+    out = {}
+    for name, t in batch.items():
+        if t.dim() != 2:
+            out[name] = t
+            continue
+        if t.dtype == torch.bool:
+            pad = torch.zeros(t.shape[0], extra, dtype=torch.bool)
+        else:
+            pad = torch.full((t.shape[0], extra), -7.0, dtype=t.dtype)
+        out[name] = torch.cat([t, pad], dim=1)
+    return out
+
+
+def check_padding_columns(ctx: Context, batch: Batch) -> float:
+    first = ctx.fut.call(batch)
+    _require_finite_loss(first)
+    width = batch["response_mask"].shape[1]
+    second = ctx.fut.call(_widen(batch, width + 3))
+    return _same_result(
+        ctx, batch, first, second, f"{width + 3} padding columns are appended", width
+    )
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise 'same value', NaN equal to NaN (a write of the same value is no change)."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
+
+
+def check_inputs_unchanged(ctx: Context, batch: Batch) -> float:
+    ev = ctx.fut.call(batch, snapshot=True)
+    assert ev.before is not None
+    for name, before in ev.before.items():
+        after = ev.inputs[name].detach()
+        if after.shape != before.shape or after.dtype != before.dtype:
+            raise CheckFailure(f"the function resized or re-typed its input {name} in place")
+        changed = ~_bitwise_equal(after, before)
+        if bool(changed.any()):
+            pos = [tuple(p) for p in changed.nonzero().tolist()][:4]
+            raise CheckFailure(
+                f"the function modified its input {name} in place at {int(changed.sum())} "
+                f"position(s) (layout {ctx.options.layout!r})",
+                entries=[(p, float(before[p]), float(after[p])) for p in pos],
+            )
+    return 0.0
+
+
+def check_deterministic(ctx: Context, batch: Batch) -> float:
+    a, b = ctx.fut.call(batch), ctx.fut.call(batch)
+    assert a.grad is not None and b.grad is not None
+    if not bool(_bitwise_equal(a.loss, b.loss)):
+        raise CheckFailure(
+            "two calls on the same batch return different losses",
+            numbers=[("loss (1st call, 2nd call)", _fmt(float(a.loss)), _fmt(float(b.loss)))],
+        )
+    diff = ~_bitwise_equal(a.grad, b.grad)
+    if bool(diff.any()):
+        pos = [tuple(p) for p in diff.nonzero().tolist()][:4]
+        raise CheckFailure(
+            "two calls on the same batch give different gradients",
+            entries=[(p, float(a.grad[p]), float(b.grad[p])) for p in pos],
+        )
+    return 0.0
+
+
+def check_extreme_finite(ctx: Context, batch: Batch) -> float:
+    ev = ctx.fut.call(batch)
+    assert ev.grad is not None
+    if not bool(torch.isfinite(ev.loss)):
+        raise CheckFailure(f"the loss is {float(ev.loss)} on valid extreme-domain input")
+    bad = ~torch.isfinite(ev.grad)
+    if bool(bad.any()):
+        pos = [tuple(p) for p in bad.nonzero().tolist()][:4]
+        raise CheckFailure(
+            f"the gradient is non-finite at {int(bad.sum())} position(s) on valid input",
+            entries=[(p, math.nan, float(ev.grad[p])) for p in pos],
+        )
+    return 0.0
+
+
+def _decomposable(cfg: PolicyLossConfig, opt: ConformanceOptions) -> bool:
+    """Aggregations whose full-batch loss is the scaled sum of one-row micro-batch losses."""
+    ok = {
+        Aggregation.SEQ_MEAN_TOKEN_MEAN,
+        Aggregation.SEQ_MEAN_TOKEN_SUM,
+        Aggregation.TOKEN_SUM_NORM,
+        Aggregation.TOKEN_SUM,
+    }
+    kl_agg = cfg.kl.aggregation if cfg.kl is not None and cfg.kl.aggregation else cfg.aggregation
+    masked_is = cfg.is_correction is not None and cfg.is_correction.mode is ISMode.MASK
+    return cfg.aggregation in ok and kl_agg in ok and not masked_is and opt.layout != "packed"
+
+
+def _scaling(cfg: PolicyLossConfig) -> MicroBatchScaling:
+    if cfg.aggregation is Aggregation.TOKEN_SUM:
+        return MicroBatchScaling.SUM
+    return MicroBatchScaling.MEAN
+
+
+def check_micro_batch(ctx: Context, batch: Batch) -> float:
+    full = ctx.fut.call(batch)
+    _require_finite_loss(full)
+    rows = batch["response_mask"].shape[0]
+    scale = 1.0 if _scaling(ctx.config) is MicroBatchScaling.SUM else 1.0 / rows
+    total = 0.0
+    grads = []
+    for b in range(rows):
+        part = ctx.fut.call({k: v[b : b + 1] for k, v in batch.items()})
+        total += float(part.loss) * scale
+        assert part.grad is not None
+        grads.append(part.grad * scale)
+    accumulated = Evaluation(torch.tensor(total), torch.cat(grads), {}, None)
+    return _same_result(
+        ctx,
+        batch,
+        full,
+        accumulated,
+        f"the batch is split into {rows} one-row micro-batches and their losses are "
+        f"accumulated with {_scaling(ctx.config).value} scaling",
+        batch["response_mask"].shape[1],
+    )
+
+
+def _ratio_based(cfg: PolicyLossConfig, opt: ConformanceOptions) -> bool:
+    return cfg.surrogate is not SurrogateKind.REINFORCE
+
+
+def check_on_policy(ctx: Context, batch: Batch) -> float:
+    """On-policy (old = logprobs), every ratio-based surrogate has the REINFORCE gradient."""
+    ev = ctx.fut.call(batch)
+    _require_finite_loss(ev)
+    reinforce = Oracle(ctx.config.replace(surrogate=SurrogateKind.REINFORCE))
+    ref = reinforce(batch, kink_eps=ctx.tolerance.loosest)
+    return _compare_grad(ctx, batch, ev, ref, "on-policy gradient (expected: REINFORCE's)")
+
+
+CHECKS: dict[str, Check] = {
+    c.name: c
+    for c in (
+        Check("value", "the loss equals the float64 reference", check_value),
+        Check("gradient", "d loss / d logprobs equals the reference's", check_gradient),
+        Check(
+            "masked-positions",
+            "the gradient is exactly zero at every padding position",
+            check_masked_positions,
+        ),
+        Check(
+            "padding-values",
+            "loss and gradient do not depend on the values at padding",
+            check_padding_values,
+        ),
+        Check(
+            "padding-columns",
+            "loss and gradient do not change when padding columns are appended",
+            check_padding_columns,
+            applies=lambda cfg, opt: opt.layout != "packed",
+        ),
+        Check(
+            "inputs-unchanged",
+            "no input tensor is modified (values compared, padding included)",
+            check_inputs_unchanged,
+        ),
+        Check(
+            "deterministic",
+            "two calls on the same batch agree bitwise",
+            check_deterministic,
+        ),
+        Check(
+            "extreme-finite",
+            "loss and gradient are finite on valid extreme-domain input",
+            check_extreme_finite,
+            domain="extreme",
+        ),
+        Check(
+            "micro-batch",
+            "accumulating one-row micro-batch losses gives the full-batch loss and gradient",
+            check_micro_batch,
+            applies=_decomposable,
+        ),
+        Check(
+            "on-policy",
+            "with old_logprobs == logprobs the gradient is REINFORCE's",
+            check_on_policy,
+            on_policy=True,
+            applies=_ratio_based,
+        ),
+    )
+}

@@ -1,0 +1,100 @@
+"""The canonical corpus: small, deterministic, versioned batches shared by diagnosis and
+golden snapshots.
+
+Every value is written here as a literal (log-ratios as logs of literal ratios), so the
+corpus is the same on every machine. Bump ``CORPUS_VERSION`` when any batch changes: the
+snapshot files record it and a mismatch is reported as such, not as a semantic change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["CORPUS_VERSION", "canonical_corpus"]
+
+CORPUS_VERSION = 1
+NAN = float("nan")
+
+# (advantage, lengths-padded row of ratios) per batch; None marks padding.
+_Row = tuple[float, Sequence[float | None]]
+_BATCHES: dict[str, tuple[_Row, ...]] = {
+    # Ragged rows including a one-token row; two trailing padding columns.
+    "ragged": (
+        (1.5, (1.1, None, None, None, None, None, None, None, None, None)),
+        (-0.8, (0.9, 1.05, 0.7, None, None, None, None, None, None, None)),
+        (0.6, (1.25, 0.95, 1.35, 1.0, 0.6, 1.15, None, None, None, None)),
+        (-1.2, (1.02, 0.85, 1.4, 0.75, 1.1, 0.98, 1.24, 0.5, None, None)),
+    ),
+    # Every row one token long, T = 1.
+    "one-token": ((1.0, (1.5,)), (-1.0, (0.7,)), (0.5, (1.0,))),
+    # Ratios just inside and just outside 1 +/- 0.2 and 1 + 0.28, both advantage signs,
+    # and the dual-clip region (ratios around c = 3 with A < 0).
+    "clip-boundaries": (
+        (1.0, (1.19, 1.21, 1.27, 1.29, 1.2001, 0.79)),
+        (-1.0, (0.81, 0.79, 0.7, 0.73, 1.21, 1.3)),
+        (-2.0, (2.9, 3.1, 4.0, 5.0, 10.0, 0.5)),
+        (0.0, (1.3, 0.7, 1.0, 1.5, 0.5, 1.1)),
+    ),
+    # Log-ratios of a few 1e-4 so sequence ratios straddle GSPO's 1 - 3e-4 / 1 + 4e-4.
+    "sequence-ratios": (
+        (1.0, (1.0002, 1.0003, None, None, None, None, None)),
+        (-0.5, (0.9996, 0.9999, 0.9995, 0.9997, 0.9998, None, None)),
+        (2.0, (1.0006, 1.0004, 1.0005, 1.0007, 1.0002, 1.0003, 1.0006)),
+    ),
+}
+
+
+def _batch(rows: tuple[_Row, ...], index: int, advantages: str) -> dict[str, torch.Tensor]:
+    width = len(rows[0][1])
+    mask = torch.tensor([[r is not None for r in row] for _, row in rows])
+    b = len(rows)
+    # logprobs: a fixed, row- and column-dependent pattern in [-3, -0.05]
+    lp = torch.tensor(
+        [[-0.05 - ((3 * i + 7 * j + index) % 11) * 0.29 for j in range(width)] for i in range(b)],
+        dtype=torch.float64,
+    )
+    log_r = torch.tensor(
+        [[math.log(r) if r is not None else 0.0 for r in row] for _, row in rows],
+        dtype=torch.float64,
+    )
+    garbage = torch.tensor(
+        [[(-1.0) ** (i + j) * (3.0 + i + j) for j in range(width)] for i in range(b)],
+        dtype=torch.float64,
+    )
+    adv_rows = torch.tensor([a for a, _ in rows], dtype=torch.float64)
+    if advantages == "token":
+        col = torch.arange(width, dtype=torch.float64)
+        adv = adv_rows[:, None] * (1.0 + 0.25 * torch.cos(col))[None, :]
+        adv = torch.where(mask, adv, garbage)
+    else:
+        adv = adv_rows
+    ref_gap = torch.tensor(
+        [[0.1 * (((i + 2 * j) % 5) - 2) for j in range(width)] for i in range(b)],
+        dtype=torch.float64,
+    )
+    return {
+        "logprobs": torch.where(mask, lp, garbage),
+        "old_logprobs": torch.where(mask, lp - log_r, -garbage),
+        "advantages": adv,
+        "response_mask": mask,
+        "ref_logprobs": torch.where(mask, lp - ref_gap, garbage),
+        "rollout_logprobs": torch.where(mask, lp - log_r - 0.5 * ref_gap, garbage),
+    }
+
+
+def canonical_corpus(
+    *, dtype: torch.dtype = torch.float64, advantages: str = "sequence"
+) -> dict[str, dict[str, torch.Tensor]]:
+    """The corpus batches by name, ``[B, T]`` right-padded, finite garbage at padding.
+
+    ``advantages='token'`` gives ``[B, T]`` advantages (a fixed per-token modulation of the
+    row's advantage). Float tensors are cast to ``dtype`` from their float64 literals.
+    """
+    out = {}
+    for index, (name, rows) in enumerate(_BATCHES.items()):
+        batch = _batch(rows, index, advantages)
+        out[name] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
+    return out

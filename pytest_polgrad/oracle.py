@@ -1,0 +1,110 @@
+"""The float64 oracle: the reference loss, its gradient, and what the tolerance needs.
+
+Inputs are upcast to float64 (exactly, from any float dtype), so the oracle's answer is
+the reference semantics of the very tensors the function under test received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch
+
+from polgrad_reference import PolicyLossConfig, RatioKind, SurrogateKind, policy_loss
+
+__all__ = ["Oracle", "OracleResult"]
+
+F64 = torch.float64
+_TENSORS = (
+    "logprobs",
+    "old_logprobs",
+    "advantages",
+    "response_mask",
+    "ref_logprobs",
+    "rollout_logprobs",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleResult:
+    """Reference loss and gradient of one batch, plus per-token conditioning data."""
+
+    loss: float
+    grad: torch.Tensor
+    """d loss / d logprobs, ``[B, T]`` float64, zero at padding."""
+    value_scale: float
+    """``sum_t |w_t| (|l_t| + |A_t| r_t cond_t)``: the magnitude the loss's rounding error is
+    proportional to; it does not collapse when positive and negative terms cancel."""
+    grad_scale: torch.Tensor
+    """Per-element magnitude for gradient tolerances, ``[B, T]``."""
+    ambiguous: torch.Tensor
+    """Tokens within rounding distance of a clip kink, ``[B, T]`` bool: their gradient
+    legitimately jumps between branches, so only finiteness is required there."""
+    n_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Oracle:
+    """Callable reference for one loss config; ``include_kl`` adds the as-loss KL term."""
+
+    config: PolicyLossConfig
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """Optional tensors the config needs besides the four core ones."""
+        out = []
+        if self.config.kl_in_loss:
+            out.append("ref_logprobs")
+        if self.config.is_correction is not None:
+            out.append("rollout_logprobs")
+        return tuple(out)
+
+    def __call__(self, batch: Mapping[str, torch.Tensor], *, kink_eps: float) -> OracleResult:
+        """Evaluate on ``batch`` (canonical ``[B, T]`` right-padded tensors, any float dtype);
+        ``kink_eps`` is the relative rounding error that makes a clip kink ambiguous."""
+        x = {
+            k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
+            for k in _TENSORS
+            if k in batch
+            and (
+                k in ("logprobs", "old_logprobs", "advantages", "response_mask") or k in self.needs
+            )
+        }
+        lp = x["logprobs"].clone().requires_grad_()
+        out = policy_loss(self.config, **{**x, "logprobs": lp})
+        (grad,) = torch.autograd.grad(out.loss, lp)
+        mask = out.response_mask
+        adv = x["advantages"]
+        adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+        lp0 = torch.where(mask, x["logprobs"], 0.0)
+        old0 = torch.where(mask, x["old_logprobs"], 0.0)
+        cond = 1.0 + (lp0.abs() + old0.abs()).amax(dim=1, keepdim=True)
+        ratio = out.ratio.detach()
+        terms = out.token_loss.detach().abs() + adv.abs() * ratio * cond
+        if out.kl is not None:
+            assert self.config.kl is not None
+            terms = terms + self.config.kl.coef * (out.kl.detach().abs() + cond)
+        value_scale = float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
+        g = grad.abs()
+        grad_scale = (g + g.amax(dim=1, keepdim=True)) * cond
+        return OracleResult(
+            loss=out.loss.item(),
+            grad=grad.detach(),
+            value_scale=value_scale,
+            grad_scale=grad_scale,
+            ambiguous=self._kinks(ratio, mask, cond * kink_eps),
+            n_tokens=int(mask.sum()),
+        )
+
+    def _kinks(self, ratio: torch.Tensor, mask: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+        clip = self.config.clip
+        if self.config.surrogate not in (SurrogateKind.PG_CLIP, SurrogateKind.CISPO):
+            return torch.zeros_like(mask)
+        near = torch.zeros_like(mask)
+        for bound in (clip.low, clip.high, clip.dual_clip):
+            if bound is not None:
+                near |= (ratio - bound).abs() <= rel * bound
+        if self.config.ratio is not RatioKind.TOKEN:
+            near = near.any(dim=1, keepdim=True).expand_as(mask)
+        return near & mask

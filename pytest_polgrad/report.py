@@ -1,0 +1,167 @@
+"""Failure reports: the property, the shrunk batch as a standalone snippet, the numbers
+side by side, a diagnosis, and the command that replays the item."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+from .target import Verdict
+
+if TYPE_CHECKING:
+    from .checks import Check, Context
+
+__all__ = ["config_source", "failure_report"]
+
+SEMANTIC_CHECKS = frozenset({"value", "gradient", "on-policy", "padding-columns", "micro-batch"})
+"""Checks whose failure means 'computes other semantics', so a diagnosis is worth running."""
+
+
+def config_source(value: Any) -> str:
+    """Valid Python that rebuilds a (nested) config dataclass."""
+    if isinstance(value, enum.Enum):
+        return repr(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        args = ", ".join(
+            f"{f.name}={config_source(getattr(value, f.name))}" for f in dataclasses.fields(value)
+        )
+        return f"{type(value).__name__}({args})"
+    return repr(value)
+
+
+def _reference_source(ctx: Context) -> list[str]:
+    return [
+        "from polgrad_reference import (",
+        "    ClipConfig, ISCorrection, KLConfig, PolicyLossConfig, policy_loss,",
+        ")",
+        "",
+        f"config = {config_source(ctx.config)}",
+    ]
+
+
+def snippet(ctx: Context, batch: Any) -> str:
+    """Standalone Python: rebuild the batch, call the function and the reference."""
+    fn = ctx.fut.fn
+    lines = ["import torch", f"from {fn.__module__} import {fn.__name__}", *_reference_source(ctx)]
+    lines += ["", batch.to_snippet().rstrip(), ""]
+    layout = ctx.options.layout
+    if layout != "right":
+        lines += [
+            "# the function receives the batch in the "
+            f"{layout}-{'padded' if layout == 'left' else ''} layout",
+            "from pytest_polgrad.strategies import pack, right_to_left, row_extents",
+            "extents = row_extents(response_mask)",
+        ]
+        convert = "right_to_left({0}, extents)" if layout == "left" else "pack({0}, extents)[0]"
+        names = [n for n in ctx.fut.takes if n not in ("cu_seqlens", "advantages")]
+        if ctx.options.advantages == "token":
+            names.append("advantages")
+        lines += [f"{n}_in = {convert.format(n)}" for n in names if n != "cu_seqlens"]
+        if layout == "packed" and "cu_seqlens" in ctx.fut.takes:
+            lines.append("cu_seqlens = pack(response_mask, extents)[1]")
+    call_args = []
+    for n in ctx.fut.takes:
+        converted = (
+            layout != "right"
+            and n != "cu_seqlens"
+            and (n != "advantages" or ctx.options.advantages == "token")
+        )
+        call_args.append(f"{n}={n}_in" if converted else f"{n}={n}")
+    lp = "logprobs_in" if layout != "right" else "logprobs"
+    lines += [
+        f"{lp}.requires_grad_(True)",
+        f"loss = {fn.__name__}({', '.join(call_args)})",
+        "ref_inputs = dict(logprobs=logprobs.double(), old_logprobs=old_logprobs.double(),",
+        "                  advantages=advantages.double(), response_mask=response_mask)",
+    ]
+    for name in ctx.oracle.needs:
+        lines.append(f"ref_inputs['{name}'] = {name}.double()")
+    lines += [
+        "expected = policy_loss(config, **ref_inputs).loss",
+        "print('function:', loss.item(), ' reference:', expected.item())",
+    ]
+    return "\n".join(lines)
+
+
+def _batch_line(batch: Any) -> str:
+    mask = batch.as_kwargs()["response_mask"]
+    lengths = mask.sum(dim=1).tolist()
+    return f"B={mask.shape[0]}, T={mask.shape[1]}, response lengths {lengths}"
+
+
+def failure_report(
+    ctx: Context,
+    check: Check,
+    exc: AssertionError,
+    batch: Any,
+    replay: str,
+    *,
+    diagnose: bool = True,
+) -> tuple[str, str]:
+    """The full text of a failure and its one-line diagnosis (empty when none)."""
+    kind = "verdict" if isinstance(exc, Verdict) else "finding"
+    head = (
+        f"{ctx.fut.name} does not conform to {ctx.options.reference_id!r}: "
+        f"check {check.name!r} failed"
+    )
+    out = [
+        head,
+        f"  property   {check.summary}",
+        f"  {kind:<10} {exc}",
+    ]
+    if batch is not None:
+        out.append(f"  batch      {_batch_line(batch)} (the smallest Hypothesis found)")
+    numbers = getattr(exc, "numbers", [])
+    if numbers:
+        out.append("")
+        out.append(f"  {'quantity':<28} {'expected':>24} {'actual':>24}")
+        out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
+    entries = getattr(exc, "entries", [])
+    if entries:
+        out.append("")
+        out.append(f"  {'position (b, t)':<28} {'expected':>24} {'actual':>24}")
+        out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
+    diagnosis = ""
+    if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
+        diagnosis = diagnosis_line(ctx)
+        out += ["", "  diagnosis  " + textwrap.fill(diagnosis, 88, subsequent_indent=" " * 13)]
+    if ctx.notes:
+        out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
+    if batch is not None:
+        out += ["", "  reproduce (standalone; run from your repository root):", ""]
+        out += ["    " + line if line else "" for line in snippet(ctx, batch).splitlines()]
+    if replay:
+        out += ["", f"  replay     {replay}"]
+    return "\n".join(out), diagnosis
+
+
+_DIAGNOSES: dict[tuple[Any, ...], str] = {}
+
+
+def diagnosis_line(ctx: Context) -> str:
+    """'this function matches X — name; the reference is Y' (cached per function, since
+    every failing check of one function shares it)."""
+    key = (ctx.fut.fn, repr(ctx.options), ctx.config, ctx.tolerance)
+    if key not in _DIAGNOSES:
+        _DIAGNOSES[key] = _diagnosis(ctx)
+    return _DIAGNOSES[key]
+
+
+def _diagnosis(ctx: Context) -> str:
+    from .diagnose import describe_config, diagnose
+
+    matches = diagnose(ctx.fut, ctx.config, ctx.tolerance)
+    wanted = f"the reference {ctx.options.reference_id!r} is {describe_config(ctx.config)}"
+    if not matches:
+        return f"no registered semantics could be evaluated; {wanted}"
+    best = [m for m in matches if m.matches]
+    if best:
+        found = "; or ".join(m.describe() for m in best)
+        return f"on the canonical corpus this function matches {found} (within tolerance); {wanted}"
+    m = matches[0]
+    return (
+        f"no registered semantics matches; the closest is {m.describe()} "
+        f"(off by {m.error:.3g}x the tolerance); {wanted}"
+    )
