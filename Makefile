@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/which_grpo_am_i_running.py
+	$(PY) -m pytest examples/test_minitrainer_conformance.py -n 2 -q -rx -p no:cacheprovider
+	$(PY) examples/explain_one_failure.py
 
 test: $(STAMP)
 	$(PY) -m pytest -n auto

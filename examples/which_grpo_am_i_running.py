@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from polgrad_reference import ALGORITHMS, AlgorithmSpec, Aggregation, policy_loss
+from polgrad_reference import ALGORITHMS, Aggregation, AlgorithmSpec, policy_loss
 
 LENGTHS = (2, 4, 6, 8)
 ADVANTAGES = (1.5, -0.8, 0.6, -1.2)

@@ -40,9 +40,12 @@ class CheckFailure(AssertionError):
         *,
         numbers: list[tuple[str, str, str]] | None = None,
         entries: list[tuple[tuple[int, ...], float, float]] | None = None,
+        error: float = math.inf,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.error = error
+        """How far off, in units of tolerance (inf for exact-equality properties)."""
         self.numbers = numbers or []
         """``(quantity, expected, actual)`` rows."""
         self.entries = entries or []
@@ -64,8 +67,8 @@ class Context:
     def config(self) -> PolicyLossConfig:
         return self.oracle.config
 
-    def expected(self, batch: Batch) -> OracleResult:
-        return self.oracle(batch, kink_eps=self.tolerance.loosest)
+    def expected(self, batch: Batch, *, grad: bool = True) -> OracleResult:
+        return self.oracle(batch, kink_eps=self.tolerance.loosest, grad=grad)
 
     def record(self, cmp: Comparison, what: str) -> float:
         self.worst = max(self.worst, cmp.error)
@@ -117,7 +120,7 @@ def _worst_entries(
 def check_value(ctx: Context, batch: Batch) -> float:
     ev = ctx.fut.call(batch, grad=False)
     _require_finite_loss(ev)
-    ref = ctx.expected(batch)
+    ref = ctx.expected(batch, grad=False)
     actual = float(ev.loss)
     cmp = ctx.tolerance.value(actual, ref.loss, ref.value_scale, ref.n_tokens)
     if not cmp.ok:
@@ -125,6 +128,7 @@ def check_value(ctx: Context, batch: Batch) -> float:
             f"loss differs from the reference by {abs(actual - ref.loss):.3g} "
             f"({cmp.error:.3g}x the tolerance)",
             numbers=[("loss", _fmt(ref.loss), _fmt(actual))],
+            error=cmp.error,
         )
     return ctx.record(cmp, "value")
 
@@ -146,6 +150,7 @@ def _compare_grad(
             f"{what} differs from the reference at {n_bad} response position(s), worst by "
             f"{cmp.error:.3g}x the tolerance",
             entries=_worst_entries(ratios, ref.grad, ev.grad.to(torch.float64)),
+            error=cmp.error,
         )
     return ctx.record(cmp, what)
 
@@ -194,13 +199,16 @@ def _same_result(
         raise CheckFailure(
             f"the loss changes when {what}",
             numbers=[("loss", _fmt(la), _fmt(lb))],
+            error=cmp.error,
         )
     assert a.grad is not None and b.grad is not None
     ga, gb = a.grad.to(torch.float64), b.grad[:, :width].to(torch.float64)
     cmp2, ratios = ctx.tolerance.tensor(gb, ga, ref.grad_scale, batch["response_mask"])
     if not cmp2.ok:
         raise CheckFailure(
-            f"the gradient changes when {what}", entries=_worst_entries(ratios, ga, gb)
+            f"the gradient changes when {what}",
+            entries=_worst_entries(ratios, ga, gb),
+            error=cmp2.error,
         )
     return max(cmp.error, cmp2.error)
 

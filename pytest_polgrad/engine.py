@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,10 @@ class CheckResult:
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain JSON-compatible data (a non-finite ``worst`` becomes None)."""
+        data = dataclasses.asdict(self)
+        data["worst"] = self.worst if math.isfinite(self.worst) else None
+        return data
 
 
 def resolve_config(options: ConformanceOptions) -> PolicyLossConfig:
@@ -168,7 +172,7 @@ def run_check(
             check=check_name,
             passed=False,
             examples=counter[0],
-            worst=max(ctx.worst, 1.0),
+            worst=max(ctx.worst, getattr(exc, "error", math.inf)),
             message=str(exc),
             report=report,
             diagnosis=diagnosis,

@@ -60,9 +60,12 @@ class Oracle:
             out.append("rollout_logprobs")
         return tuple(out)
 
-    def __call__(self, batch: Mapping[str, torch.Tensor], *, kink_eps: float) -> OracleResult:
+    def __call__(
+        self, batch: Mapping[str, torch.Tensor], *, kink_eps: float, grad: bool = True
+    ) -> OracleResult:
         """Evaluate on ``batch`` (canonical ``[B, T]`` right-padded tensors, any float dtype);
-        ``kink_eps`` is the relative rounding error that makes a clip kink ambiguous."""
+        ``kink_eps`` is the relative rounding error that makes a clip kink ambiguous. With
+        ``grad=False`` the backward pass is skipped and the gradient fields are zeros."""
         x = {
             k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
             for k in _TENSORS
@@ -71,9 +74,9 @@ class Oracle:
                 k in ("logprobs", "old_logprobs", "advantages", "response_mask") or k in self.needs
             )
         }
-        lp = x["logprobs"].clone().requires_grad_()
+        lp = x["logprobs"].clone().requires_grad_(grad)
         out = policy_loss(self.config, **{**x, "logprobs": lp})
-        (grad,) = torch.autograd.grad(out.loss, lp)
+        g = torch.autograd.grad(out.loss, lp)[0] if grad else torch.zeros_like(lp)
         mask = out.response_mask
         adv = x["advantages"]
         adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
@@ -86,11 +89,11 @@ class Oracle:
             assert self.config.kl is not None
             terms = terms + self.config.kl.coef * (out.kl.detach().abs() + cond)
         value_scale = float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
-        g = grad.abs()
-        grad_scale = (g + g.amax(dim=1, keepdim=True)) * cond
+        g_abs = g.abs()
+        grad_scale = (g_abs + g_abs.amax(dim=1, keepdim=True)) * cond
         return OracleResult(
             loss=out.loss.item(),
-            grad=grad.detach(),
+            grad=g.detach(),
             value_scale=value_scale,
             grad_scale=grad_scale,
             ambiguous=self._kinks(ratio, mask, cond * kink_eps),

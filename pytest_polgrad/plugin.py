@@ -9,6 +9,7 @@ marked function is collected or a polgrad fixture is used.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -165,16 +166,38 @@ class PolgradItem(pytest.Item):
         return self.path, None, self.name
 
 
+def _golden_item(
+    collector: pytest.Module | pytest.Class,
+    name: str,
+    fn: Callable[..., Any],
+    options: ConformanceOptions,
+) -> pytest.Function:
+    """The ``golden`` check: a real pytest function using syrupy's ``snapshot`` fixture,
+    so ``--snapshot-update``, unused-snapshot reports and xdist locking all apply."""
+    from .golden import golden_test
+
+    item = pytest.Function.from_parent(
+        collector,
+        name=f"{name}[{options.reference_id}-golden]",
+        callobj=golden_test(fn, options),
+        originalname=name,
+    )
+    reason = options.expect.get("golden")
+    if reason is not None:
+        item.add_marker(pytest.mark.xfail(reason=f"known deviation: {reason}", strict=True))
+    return item
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(
     collector: pytest.Module | pytest.Class, name: str, obj: object
-) -> list[PolgradItem] | None:
+) -> list[pytest.Item] | None:
     marks = [m for m in getattr(obj, "pytestmark", []) if getattr(m, "name", None) == MARKER]
     if not marks or not callable(obj) or isinstance(obj, type):
         return None
     from .engine import applicable_checks, resolve_config
 
-    items: list[PolgradItem] = []
+    items: list[pytest.Item] = []
     seen: set[str] = set()
     for mark in marks:
         try:
@@ -188,18 +211,22 @@ def pytest_pycollect_makeitem(
                 "give one of them id='...'"
             )
         seen.add(options.reference_id)
-        for check in applicable_checks(cfg, options):
-            item = PolgradItem.from_parent(
+        items += [
+            PolgradItem.from_parent(
                 collector,
                 name=f"{name}[{options.reference_id}-{check}]",
                 fn=obj,
                 options=options,
                 check=check,
             )
-            for other in getattr(obj, "pytestmark", []):
-                if getattr(other, "name", None) != MARKER:
-                    item.add_marker(other)
-            items.append(item)
+            for check in applicable_checks(cfg, options)
+        ]
+        if options.checks is None or "golden" in options.checks:
+            items.append(_golden_item(collector, name, obj, options))
+    for item in items:
+        for other in getattr(obj, "pytestmark", []):
+            if getattr(other, "name", None) != MARKER:
+                item.add_marker(other)
     return items
 
 
@@ -249,7 +276,7 @@ def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
         passed = sum(r["status"] == "passed" for r in rows)
         failed = sum(r["status"] == "failed" for r in rows)
         expected = sum(r["status"] == "xfailed" for r in rows)
-        worst = max(float(r["worst"]) for r in rows)
+        worst = max(math.inf if r["worst"] is None else float(r["worst"]) for r in rows)
         diagnosis = next((str(r["diagnosis"]) for r in rows if r["diagnosis"]), "")
         if not diagnosis and failed == 0:
             diagnosis = "conforms" if expected == 0 else "conforms, except the declared deviations"

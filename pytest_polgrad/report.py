@@ -45,7 +45,8 @@ def snippet(ctx: Context, batch: Any) -> str:
     """Standalone Python: rebuild the batch, call the function and the reference."""
     fn = ctx.fut.fn
     lines = ["import torch", f"from {fn.__module__} import {fn.__name__}", *_reference_source(ctx)]
-    lines += ["", batch.to_snippet().rstrip(), ""]
+    built = [ln for ln in batch.to_snippet().rstrip().splitlines() if ln != "import torch"]
+    lines += ["", *built, ""]
     layout = ctx.options.layout
     if layout != "right":
         lines += [

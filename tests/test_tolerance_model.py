@@ -1,0 +1,74 @@
+"""The tolerance model: precision-aware, cancellation-proof (docs/tolerance.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pytest_polgrad.engine import build_context, run_check
+from pytest_polgrad.options import parse_marker
+from pytest_polgrad.tolerance import Tolerance
+from tests.sample_losses import dapo
+
+Tensor = torch.Tensor
+
+
+def _cast(dtype: torch.dtype, eps_guard: float = 0.0) -> Any:
+    def loss(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        lp, old, adv = (t.to(dtype) for t in (logprobs, old_logprobs, advantages))
+        r = torch.exp(torch.where(response_mask, lp - old, 0.0))
+        a = adv[:, None]
+        per = torch.maximum(-a * r, -a * r.clamp(0.8, 1.28))
+        out = torch.where(response_mask, per, 0.0).sum() / (
+            response_mask.sum().to(dtype) + eps_guard
+        )
+        return out.to(logprobs.dtype)
+
+    return loss
+
+
+def _run(fn: Any, check: str = "value", **options: Any) -> Any:
+    ctx = build_context(fn, parse_marker(("dapo",), options))
+    return run_check(ctx, check, max_examples=50, base_seed=1, diagnose=False)
+
+
+def test_float32_internal_passes_with_a_note_and_fails_strict() -> None:
+    for check in ("value", "gradient"):
+        result = _run(_cast(torch.float32), check)
+        assert result.passed, result.report
+        assert any("consistent with float32" in n for n in result.notes)
+        assert not _run(_cast(torch.float32), check, strict=True).passed
+    assert not any("consistent" in n for n in _run(dapo).notes)
+
+
+def test_bfloat16_arithmetic_fails() -> None:
+    assert not _run(_cast(torch.bfloat16)).passed
+    assert not _run(_cast(torch.bfloat16), dtype="float32").passed
+    assert not _run(_cast(torch.bfloat16), "gradient", dtype="float32").passed
+
+
+def test_epsilon_guard_passes_by_default_fails_strict() -> None:
+    guarded = _cast(torch.float64, eps_guard=1e-8)
+    assert _run(guarded).passed
+    strict = _run(guarded, strict=True)
+    assert not strict.passed and "check 'value' failed" in strict.report
+
+
+def test_float32_inputs() -> None:
+    assert _run(_cast(torch.float32), dtype="float32").passed
+    assert _run(_cast(torch.float32), "gradient", dtype="float32").passed
+
+
+def test_cancelling_advantages_keep_a_meaningful_scale() -> None:
+    tol = Tolerance(torch.float64, strict=True)
+    # A loss that cancels to ~1e-17 from terms of size 1: an error of 1e-15 is rounding.
+    assert tol.value(1e-15, 1e-17, scale=2.0, n=4).ok
+    assert not tol.value(1e-12, 1e-17, scale=2.0, n=4).ok
+    # The same error measured against |loss| would have been rejected.
+    assert not tol.value(1e-15, 1e-17, scale=1e-17, n=4).ok
+    # Default (float32 accepted): 1e-9 is float32 rounding of O(1) terms, 1e-4 is not.
+    assert Tolerance(torch.float64).value(1e-9, 1e-17, scale=2.0, n=4).ok
+    assert not Tolerance(torch.float64).value(1e-4, 1e-17, scale=2.0, n=4).ok
