@@ -1,0 +1,72 @@
+"""Packaging: the wheel carries the strategies package (a symlink in the source tree)
+as real files, the pytest11 entry point, and the license files; imports run one way."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("pytest_polgrad-*.whl")
+    return built
+
+
+def test_wheel_contents(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    sources = sorted(p.name for p in (ROOT / "strategies").glob("*.py"))
+    packed = sorted(n.split("/")[-1] for n in names if n.startswith("pytest_polgrad/strategies/"))
+    assert packed == sources  # each file exactly once, as a real file
+    assert "polgrad_reference/loss.py" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "polgrad = pytest_polgrad.plugin" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert any(n.endswith("licenses/LICENSE") for n in names)
+    assert any(n.endswith("licenses/NOTICE") for n in names)
+
+
+def test_strategies_import_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import pytest_polgrad.strategies as s, polgrad_reference as r;"
+        "assert s.__file__.startswith(sys.argv[1]), s.__file__;"
+        "assert r.__file__.startswith(sys.argv[1]), r.__file__;"
+        "print(len(s.__all__))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(wheel)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) > 5
+
+
+def test_reference_imports_only_torch() -> None:
+    code = (
+        "import sys, polgrad_reference;"
+        "bad = [m for m in ('pytest', 'hypothesis', 'syrupy', 'pytest_polgrad') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
