@@ -194,9 +194,7 @@ def _golden_item(
     if reason is not None:
         # Strict, except while snapshots are being updated (the update makes it pass).
         updating = bool(config.getoption("--snapshot-update", default=False))
-        item.add_marker(
-            pytest.mark.xfail(reason=f"known deviation: {reason}", strict=not updating)
-        )
+        item.add_marker(pytest.mark.xfail(reason=f"known deviation: {reason}", strict=not updating))
     return item
 
 
