@@ -176,3 +176,24 @@ def test_which_command(project: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         ["*MATCH*token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term*"]
     )
+
+
+def test_the_demo_trainer_exits_clean_serial_and_xdist(pytester: pytest.Pytester) -> None:
+    """The examples' declared deviations are exactly the failures: exit 0 both ways."""
+    examples = Path(__file__).parents[1] / "examples"
+    base = ("-p", "no:cacheprovider", "--polgrad-max-examples=40", "-k", "not golden")
+    runs = []
+    for extra in ((), ("-n", "2")):
+        report = pytester.path / f"demo{len(extra)}.json"
+        result = pytester.runpytest_subprocess(
+            str(examples / "test_minitrainer_conformance.py"),
+            *base,
+            f"--polgrad-report={report}",
+            f"--rootdir={examples}",
+            *extra,
+        )
+        assert result.ret == 0, result.stdout.str()[-3000:]
+        runs.append(sorted((r["nodeid"], r["status"]) for r in json.loads(report.read_text())))
+    assert runs[0] == runs[1]
+    statuses = {s for _, s in runs[0]}
+    assert statuses == {"passed", "xfailed"}
