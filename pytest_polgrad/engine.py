@@ -162,28 +162,26 @@ def run_check(
         last[0] = batch
         check.run(ctx, batch.as_kwargs())
 
-    try:
-        prop()
-    except (CheckFailure, Verdict) as exc:
-        report, diagnosis = failure_report(ctx, check, exc, last[0], replay, diagnose=diagnose)
-        return CheckResult(
-            function=ctx.fut.name,
-            reference=ctx.options.reference_id,
-            check=check_name,
-            passed=False,
-            examples=counter[0],
-            worst=max(ctx.worst, getattr(exc, "error", math.inf)),
-            message=str(exc),
-            report=report,
-            diagnosis=diagnosis,
-            notes=tuple(sorted(ctx.notes)),
-        )
-    return CheckResult(
+    result = CheckResult(
         function=ctx.fut.name,
         reference=ctx.options.reference_id,
         check=check_name,
         passed=True,
-        examples=counter[0],
-        worst=ctx.worst,
-        notes=tuple(sorted(ctx.notes)),
+        examples=0,
+        worst=0.0,
     )
+    try:
+        prop()
+    except (CheckFailure, Verdict) as exc:
+        report, diagnosis = failure_report(ctx, check, exc, last[0], replay, diagnose=diagnose)
+        result = dataclasses.replace(
+            result,
+            passed=False,
+            worst=max(ctx.worst, getattr(exc, "error", math.inf)),
+            message=str(exc),
+            report=report,
+            diagnosis=diagnosis,
+        )
+    else:
+        result = dataclasses.replace(result, worst=ctx.worst)
+    return dataclasses.replace(result, examples=counter[0], notes=tuple(sorted(ctx.notes)))

@@ -16,14 +16,7 @@ from polgrad_reference import PolicyLossConfig, RatioKind, SurrogateKind, policy
 __all__ = ["Oracle", "OracleResult"]
 
 F64 = torch.float64
-_TENSORS = (
-    "logprobs",
-    "old_logprobs",
-    "advantages",
-    "response_mask",
-    "ref_logprobs",
-    "rollout_logprobs",
-)
+_CORE = ("logprobs", "old_logprobs", "advantages", "response_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +61,7 @@ class Oracle:
         ``grad=False`` the backward pass is skipped and the gradient fields are zeros."""
         x = {
             k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
-            for k in _TENSORS
-            if k in batch
-            and (
-                k in ("logprobs", "old_logprobs", "advantages", "response_mask") or k in self.needs
-            )
+            for k in (*_CORE, *self.needs)
         }
         lp = x["logprobs"].clone().requires_grad_(grad)
         out = policy_loss(self.config, **{**x, "logprobs": lp})
