@@ -1,0 +1,118 @@
+"""``build(plan) -> Batch``: the pure, deterministic half of drawing a batch."""
+
+from __future__ import annotations
+
+import torch
+
+from ._advantages import build_advantages, fill_invalid
+from ._batch import Batch
+from ._domain import DOMAINS, Domain
+from ._groups import build_groups
+from ._masks import Hole, build_mask
+from ._plan import BatchPlan, RefPlan, RolloutPlan, stream
+from ._values import build_logprob_pair, grid
+
+__all__ = ["build"]
+
+# Garbage for the padding of constant-style batches (random and grid styles already hold
+# values from the same distribution there): plausible logprobs inside every domain bound,
+# with a visible log-ratio of -1 between logprobs and old_logprobs.
+_CONSTANT_GARBAGE = {"logprobs": -3.0, "old_logprobs": -2.0, "ref": -4.0, "rollout": -3.0}
+
+
+def _gen_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _ref(plan: RefPlan, lp: torch.Tensor, style: str, seed: int) -> torch.Tensor:
+    """``-|lp + d|``: ``|ref - lp| <= |d| <= scale`` and ``ref <= 0``."""
+    if plan.scale == 0.0:
+        return lp.clone()
+    gen_dtype = _gen_dtype(lp.dtype)
+    gen = stream(seed, 4)
+    if style == "random":
+        d = torch.empty(lp.shape, dtype=gen_dtype).uniform_(-plan.scale, plan.scale, generator=gen)
+    else:
+        d = grid(tuple(lp.shape), gen, gen_dtype, plan.scale / 4.0, -4, 4)
+    return d.add_(lp.to(gen_dtype)).abs_().neg_().to(lp.dtype)
+
+
+def _rollout(plan: RolloutPlan, old: torch.Tensor, seed: int) -> torch.Tensor:
+    """``-|old + d|``: ``|old - rollout| <= |d|``, plus explicit catastrophic tokens."""
+    gen_dtype = _gen_dtype(old.dtype)
+    if plan.scale == 0.0:
+        out = old.clone()
+    else:
+        d = torch.empty(old.shape, dtype=gen_dtype)
+        d.uniform_(-plan.scale, plan.scale, generator=stream(seed, 5))
+        out = d.add_(old.to(gen_dtype)).abs_().neg_().to(old.dtype)
+    for row, col, spike in plan.spikes:
+        out[row, col] = -abs(float(old[row, col]) + spike)
+    return out
+
+
+def _pad(
+    tensors: dict[str, torch.Tensor],
+    plan: BatchPlan,
+    holes: tuple[Hole, ...],
+) -> None:
+    extents = plan.extents
+    if plan.padding == "nan":
+        for x in tensors.values():
+            fill_invalid(x, extents, holes, float("nan"))
+    elif plan.values.style == "constant":
+        for name, x in tensors.items():
+            key = name if name in _CONSTANT_GARBAGE else name.split("_")[0]
+            if key in _CONSTANT_GARBAGE:
+                fill_invalid(x, extents, holes, _CONSTANT_GARBAGE[key])
+
+
+def build(plan: BatchPlan) -> Batch:
+    """The batch of ``plan``: bitwise identical on every call and in every process."""
+    domain: Domain = DOMAINS[plan.domain]
+    dtype = plan.torch_dtype
+    extents, width, holes = plan.extents, plan.width, plan.holes
+    mask = build_mask(extents, width, holes)
+    lp, old = build_logprob_pair(
+        plan.values,
+        extents=extents,
+        width=width,
+        holes=holes,
+        dtype=dtype,
+        seed=plan.seed,
+        domain=domain,
+        max_log_ratio=plan.max_log_ratio,
+    )
+    adv = build_advantages(
+        plan.advantages,
+        extents=extents,
+        width=width,
+        holes=holes,
+        dtype=dtype,
+        seed=plan.seed,
+        token_targets=plan.values.token_targets,
+    )
+    token: dict[str, torch.Tensor] = {"logprobs": lp, "old_logprobs": old}
+    if plan.ref is not None:
+        token["ref_logprobs"] = _ref(plan.ref, lp, plan.values.style, plan.seed)
+    if plan.rollout is not None:
+        token["rollout_logprobs"] = _rollout(plan.rollout, old, plan.seed)
+    _pad(token, plan, holes)
+    if plan.padding == "nan" and adv.dim() == 2:
+        fill_invalid(adv, extents, holes, float("nan"))
+    rewards = group_ids = None
+    if plan.groups is not None:
+        rewards, group_ids = build_groups(plan.groups, dtype)
+    batch = Batch(
+        logprobs=token["logprobs"],
+        old_logprobs=token["old_logprobs"],
+        advantages=adv,
+        response_mask=mask,
+        ref_logprobs=token.get("ref_logprobs"),
+        rollout_logprobs=token.get("rollout_logprobs"),
+        rewards=rewards,
+        group_ids=group_ids,
+        layout="right",
+        plan=plan,
+    )
+    return batch if plan.layout == "right" else batch.to_layout(plan.layout)  # type: ignore[arg-type]

@@ -1,0 +1,193 @@
+"""Determinism (same plan or seed -> bitwise-identical tensors, in any process) and exact
+layout conversions."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from hypothesis import Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from pytest_polgrad.strategies import (
+    Batch,
+    BatchPlan,
+    batches,
+    build,
+    left_to_right,
+    pack,
+    right_to_left,
+    row_extents,
+    unpack,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bits(t: torch.Tensor) -> bytes:
+    """The tensor's exact bytes (NaN payloads and signed zeros included)."""
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def digest(batch: Batch) -> str:
+    h = hashlib.sha256()
+    for name, t in batch.as_kwargs().items():
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(repr(tuple(t.shape)).encode())
+        h.update(bits(t))
+    return h.hexdigest()
+
+
+def same(a: Batch, b: Batch) -> bool:
+    return digest(a) == digest(b)
+
+
+@settings(max_examples=40)
+@given(st.data())
+def test_rebuilding_a_plan_is_bitwise_identical(data: st.DataObject) -> None:
+    dtype = data.draw(st.sampled_from([torch.float64, torch.float32, torch.bfloat16]))
+    batch = data.draw(batches(dtype=dtype, holes=data.draw(st.booleans())))
+    assert batch.plan is not None
+    assert same(build(batch.plan), batch)
+    assert same(batch.rebuild(), batch)
+
+
+SEED = 20240601
+_DRAWN = dict(max_batch=6, max_length=96, holes=True, with_rollout_logprobs=True)
+
+_CHILD = textwrap.dedent(
+    f"""
+    import hashlib, sys, torch
+    from hypothesis import given, seed, settings, Phase
+    from pytest_polgrad.strategies import batches, build
+    from pytest_polgrad.strategies._plan import *  # the plan classes, for eval(repr(plan))
+    torch.set_num_threads(int(sys.argv[1]))
+    drawn, rebuilt = hashlib.sha256(), hashlib.sha256()
+    def add(h, b):
+        for name, t in b.as_kwargs().items():
+            h.update(name.encode())
+            h.update(t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    @seed({SEED})
+    @settings(max_examples=30, database=None, phases=[Phase.generate], deadline=None)
+    @given(batches(**{_DRAWN!r}))
+    def draw_some(b):
+        add(drawn, b)
+    draw_some()
+    for line in sys.stdin.read().splitlines():
+        add(rebuilt, build(eval(line)))
+    print(drawn.hexdigest(), rebuilt.hexdigest())
+    """
+)
+
+
+def _add(h: hashlib._Hash, batch: Batch) -> None:
+    for name, t in batch.as_kwargs().items():
+        h.update(name.encode())
+        h.update(bits(t))
+
+
+def test_same_seed_gives_identical_tensors_in_another_process() -> None:
+    """What pytest-xdist needs: a worker with the same seed draws the same batches, and a
+    plan printed in one process rebuilds bit for bit in another (here with a different
+    hash seed and thread count)."""
+    drawn, rebuilt = hashlib.sha256(), hashlib.sha256()
+
+    @seed(SEED)
+    @settings(max_examples=30, database=None, phases=[Phase.generate], deadline=None)
+    @given(batches(**_DRAWN))  # type: ignore[arg-type]
+    def draw_some(b: Batch) -> None:
+        _add(drawn, b)
+
+    draw_some()
+    plans: list[BatchPlan] = []
+
+    @settings(max_examples=15, database=None)
+    @given(batches(max_batch=4, max_length=80, dtype=torch.float32, padding="nan"))
+    def collect(b: Batch) -> None:
+        assert b.plan is not None
+        plans.append(b.plan)
+        _add(rebuilt, b)
+
+    collect()
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(max(1, torch.get_num_threads() % 2 + 1))],
+        input="\n".join(repr(p) for p in plans),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == [drawn.hexdigest(), rebuilt.hexdigest()]
+
+
+@settings(max_examples=60)
+@given(st.data())
+def test_layouts_round_trip_exactly(data: st.DataObject) -> None:
+    batch = data.draw(
+        batches(
+            holes=data.draw(st.booleans()),
+            padding=data.draw(st.sampled_from(["garbage", "nan"])),
+            advantage_shape=data.draw(st.sampled_from(["sequence", "token"])),
+        )
+    )
+    left = batch.to_layout("left")
+    assert left.layout == "left"
+    assert same(left.to_layout("right"), batch)  # a rotation: padding values included
+    packed = batch.to_layout("packed")
+    assert same(packed.to_layout("right").to_layout("packed"), packed)
+    assert same(left.to_layout("packed"), packed)
+    assert packed.lengths == batch.lengths == left.lengths
+    assert packed.extents == batch.extents == left.extents
+    back = packed.to_layout("right")
+    span = torch.arange(batch.width)[None, :] < torch.tensor(batch.extents)[:, None]
+    for name, t in batch.as_kwargs().items():
+        if t.shape == batch.response_mask.shape:
+            assert bits(back.as_kwargs()[name][span]) == bits(t[span]), name
+
+
+@settings(max_examples=60)
+@given(st.data())
+def test_drawn_layouts_equal_converted_canonical_batches(data: st.DataObject) -> None:
+    layout = data.draw(st.sampled_from(["left", "packed"]))
+    batch = data.draw(batches(layout=layout, holes=True))
+    assert batch.layout == layout
+    assert batch.plan is not None
+    canonical = build(batch.plan.__class__(**{**batch.plan.__dict__, "layout": "right"}))
+    assert same(canonical.to_layout(layout), batch)
+    if layout == "left":
+        assert bool(batch.response_mask[:, -1].all())  # every row ends at the last column
+    else:
+        assert batch.cu_seqlens is not None and batch.cu_seqlens.dtype == torch.int32
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.integers(0, 7), min_size=1, max_size=6),
+    st.integers(0, 3),
+    st.sampled_from([torch.float64, torch.float32, torch.int64, torch.bool]),
+)
+def test_tensor_converters_are_exact_inverses(
+    extents: list[int], extra: int, dtype: torch.dtype
+) -> None:
+    width = max(extents) + extra
+    ext = torch.tensor(extents)
+    x = (torch.randn(len(extents), width) * 100).to(dtype)
+    assert bits(left_to_right(right_to_left(x, ext), ext)) == bits(x)
+    stream, cu = pack(x, ext)
+    assert cu.dtype == torch.int32 and cu.tolist()[-1] == sum(extents)
+    again = unpack(stream, cu, width=width, fill=0)
+    span = torch.arange(width)[None, :] < ext[:, None]
+    assert bits(again[span]) == bits(x[span])
+    assert bits(pack(again, ext)[0]) == bits(stream)
+    assert row_extents(span, "right").tolist() == extents
+    assert row_extents(right_to_left(span, ext), "left").tolist() == extents

@@ -1,0 +1,98 @@
+"""Snippets and reprs are valid Python that rebuilds the exact tensors."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+import torch
+from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
+
+from pytest_polgrad.strategies import Batch, batches
+from pytest_polgrad.strategies._snippet import format_float, tensor_literal
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+small = st.fixed_dictionaries(
+    {
+        "max_batch": st.just(3),
+        "max_length": st.just(6),
+        "dtype": st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]),
+        "padding": st.sampled_from(["garbage", "nan"]),
+        "layout": st.sampled_from(["right", "left", "packed"]),
+        "domain": st.sampled_from(["semantic", "extreme"]),
+    }
+).flatmap(lambda kw: batches(**kw))
+
+
+@settings(max_examples=60)
+@given(small)
+def test_snippet_rebuilds_every_tensor_bit_for_bit(batch: Batch) -> None:
+    code = batch.to_snippet()
+    assert code.startswith("import torch\n")
+    namespace: dict[str, object] = {}
+    exec(compile(code, "<snippet>", "exec"), namespace)  # only torch is imported
+    inputs = namespace["inputs"]
+    assert isinstance(inputs, dict)
+    expected = batch.as_kwargs()
+    assert list(inputs) == list(expected)
+    for name, tensor in expected.items():
+        rebuilt = inputs[name]
+        assert isinstance(rebuilt, torch.Tensor)
+        assert rebuilt.dtype == tensor.dtype and rebuilt.shape == tensor.shape, name
+        assert bits(rebuilt) == bits(tensor), name
+
+
+@settings(max_examples=40)
+@given(small)
+def test_repr_evaluates_back_to_the_same_batch(batch: Batch) -> None:
+    text = repr(batch)
+    if text.startswith("Batch(<"):  # too large for literals: a summary instead
+        return
+    again = eval(text, {"torch": torch, "Batch": Batch, "nan": math.nan, "inf": math.inf})
+    assert again.layout == batch.layout
+    for name, tensor in batch.as_kwargs().items():
+        assert bits(again.as_kwargs()[name]) == bits(tensor), name
+
+
+def test_large_batches_print_a_summary() -> None:
+    found = find(
+        batches(min_batch=8, max_batch=8, min_length=100, max_length=100),
+        lambda b: True,
+        settings=settings(database=None, phases=[Phase.generate]),
+    )
+    assert repr(found).startswith("Batch(<B=8, T=100, layout='right'")
+    assert "seed=" in repr(found)
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "text"),
+    [
+        (0.1, torch.float64, "0.1"),
+        (struct.unpack("<f", struct.pack("<f", 0.1))[0], torch.float32, "0.1"),
+        (-0.0, torch.float32, "-0.0"),
+        (1e-45, torch.float32, "1e-45"),
+        (float("nan"), torch.float64, "nan"),
+        (float("-inf"), torch.float16, "-inf"),
+        (-1.25390625, torch.float64, "-1.25390625"),
+        (2.0**-24, torch.float16, "6e-08"),
+    ],
+)
+def test_format_float_is_shortest_round_trip(value: float, dtype: torch.dtype, text: str) -> None:
+    assert format_float(value, dtype) == text
+
+
+@settings(max_examples=200)
+@given(
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64]),
+)
+def test_float_literals_round_trip_in_every_dtype(value: float, dtype: torch.dtype) -> None:
+    t = torch.tensor([value], dtype=dtype)
+    rebuilt = eval(tensor_literal(t), {"torch": torch, "nan": math.nan, "inf": math.inf})
+    assert bits(rebuilt) == bits(t) or (bool(t.isnan().all()) and bool(rebuilt.isnan().all()))
