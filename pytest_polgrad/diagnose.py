@@ -81,8 +81,17 @@ def describe_config(cfg: PolicyLossConfig) -> str:
 
 
 def registry_names(cfg: PolicyLossConfig) -> list[str]:
-    """Registry entries whose loss equals ``cfg`` (KL compared too)."""
-    return [name for name, spec in ALGORITHMS.items() if spec.loss == cfg]
+    """Registry entries whose policy loss equals ``cfg``. A KL placed in the reward does
+    not change the loss; an entry whose as-loss KL term is the only difference is named
+    ``"<name> without its KL term"``."""
+    out = []
+    for name, spec in ALGORITHMS.items():
+        loss = spec.loss if spec.loss.kl_in_loss else spec.loss.replace(kl=None)
+        if loss == cfg:
+            out.append(name)
+        elif loss.kl_in_loss and loss.replace(kl=None) == cfg:
+            out.append(f"{name} without its KL term")
+    return out
 
 
 def _clips(target: PolicyLossConfig) -> list[ClipConfig]:
@@ -108,7 +117,7 @@ def _candidates(
     budgets: list[tuple[int, bool]] = [(width_budget, True)]
     if target.budget is not None:
         budgets.insert(0, (target.budget, False))
-    kls = [target.kl, None] if target.kl is not None else [None]
+    kls = [target.kl, None] if target.kl_in_loss else [None]
     for ratio, surr, clip, agg, kl in itertools.product(
         RatioKind, SurrogateKind, _clips(target), Aggregation, kls
     ):

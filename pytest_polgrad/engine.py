@@ -54,6 +54,8 @@ class CheckResult:
     message: str = ""
     report: str = ""
     diagnosis: str = ""
+    match: str = ""
+    """Short form of the diagnosis, for the summary table."""
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -173,7 +175,9 @@ def run_check(
     try:
         prop()
     except (CheckFailure, Verdict) as exc:
-        report, diagnosis = failure_report(ctx, check, exc, last[0], replay, diagnose=diagnose)
+        report, diagnosis, match = failure_report(
+            ctx, check, exc, last[0], replay, diagnose=diagnose
+        )
         result = dataclasses.replace(
             result,
             passed=False,
@@ -181,6 +185,7 @@ def run_check(
             message=str(exc),
             report=report,
             diagnosis=diagnosis,
+            match=match,
         )
     else:
         result = dataclasses.replace(result, worst=ctx.worst)

@@ -287,11 +287,9 @@ def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
         failed = sum(r["status"] == "failed" for r in rows)
         expected = sum(r["status"] == "xfailed" for r in rows)
         worst = max(math.inf if r["worst"] is None else float(r["worst"]) for r in rows)
-        diagnosis = next((str(r["diagnosis"]) for r in rows if r["diagnosis"]), "")
+        diagnosis = next((str(r.get("match", "")) for r in rows if r.get("match")), "")
         if not diagnosis and failed == 0:
             diagnosis = "conforms" if expected == 0 else "conforms, except the declared deviations"
-        if len(diagnosis) > 110:
-            diagnosis = diagnosis[:107] + "..."
         yield fn, ref, str(passed), str(failed), str(expected), f"{worst:.3g}", diagnosis
 
 

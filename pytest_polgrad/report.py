@@ -100,8 +100,9 @@ def failure_report(
     replay: str,
     *,
     diagnose: bool = True,
-) -> tuple[str, str]:
-    """The full text of a failure and its one-line diagnosis (empty when none)."""
+) -> tuple[str, str, str]:
+    """The full text of a failure, its diagnosis sentence and the diagnosis summary (both
+    empty when no diagnosis was run)."""
     kind = "verdict" if isinstance(exc, Verdict) else "finding"
     head = (
         f"{ctx.fut.name} does not conform to {ctx.options.reference_id!r}: "
@@ -124,9 +125,9 @@ def failure_report(
         out.append("")
         out.append(f"  {'position (b, t)':<28} {'expected':>24} {'actual':>24}")
         out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
-    diagnosis = ""
+    diagnosis = summary = ""
     if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
-        diagnosis = diagnosis_line(ctx)
+        diagnosis, summary = diagnosis_line(ctx)
         out += ["", "  diagnosis  " + textwrap.fill(diagnosis, 88, subsequent_indent=" " * 13)]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
@@ -135,34 +136,39 @@ def failure_report(
         out += ["    " + line if line else "" for line in snippet(ctx, batch).splitlines()]
     if replay:
         out += ["", f"  replay     {replay}"]
-    return "\n".join(out), diagnosis
+    return "\n".join(out), diagnosis, summary
 
 
-_DIAGNOSES: dict[tuple[Any, ...], str] = {}
+_DIAGNOSES: dict[tuple[Any, ...], tuple[str, str]] = {}
 
 
-def diagnosis_line(ctx: Context) -> str:
-    """'this function matches X — name; the reference is Y' (cached per function, since
-    every failing check of one function shares it)."""
+def diagnosis_line(ctx: Context) -> tuple[str, str]:
+    """``(sentence, summary)``: 'this function matches X — name; the reference is Y' and
+    the short form for the summary table (cached per function: every failing check of one
+    function shares it)."""
     key = (ctx.fut.fn, repr(ctx.options), ctx.config, ctx.tolerance)
     if key not in _DIAGNOSES:
         _DIAGNOSES[key] = _diagnosis(ctx)
     return _DIAGNOSES[key]
 
 
-def _diagnosis(ctx: Context) -> str:
+def _diagnosis(ctx: Context) -> tuple[str, str]:
     from .diagnose import describe_config, diagnose
 
     matches = diagnose(ctx.fut, ctx.config, ctx.tolerance)
     wanted = f"the reference {ctx.options.reference_id!r} is {describe_config(ctx.config)}"
     if not matches:
-        return f"no registered semantics could be evaluated; {wanted}"
+        return f"no registered semantics could be evaluated; {wanted}", "not evaluable"
     best = [m for m in matches if m.matches]
     if best:
         found = "; or ".join(m.describe() for m in best)
-        return f"on the canonical corpus this function matches {found} (within tolerance); {wanted}"
+        return (
+            f"on the canonical corpus this function matches {found} (within tolerance); {wanted}",
+            f"is {found}",
+        )
     m = matches[0]
     return (
         f"no registered semantics matches; the closest is {m.describe()} "
-        f"(off by {m.error:.3g}x the tolerance); {wanted}"
+        f"(off by {m.error:.3g}x the tolerance); {wanted}",
+        f"no match (closest: {m.describe()}, {m.error:.2g}x tol)",
     )

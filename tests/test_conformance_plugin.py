@@ -77,7 +77,7 @@ def test_ids_and_verdicts_identical_serial_and_xdist(project: pytest.Pytester) -
     for text in (out, out_n):
         assert "polgrad conformance" in text
         assert "declared as a known deviation ('it is not') but it now passes" in text
-        assert "matches token-mean, token ratio, pg_clip eps 0.2/0.2" in text
+        assert "is token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term — ppo" in text
 
 
 def test_failure_report_is_readable(project: pytest.Pytester) -> None:
