@@ -7,6 +7,17 @@ but torch.
 
 from __future__ import annotations
 
+from .advantages import (
+    compute_advantages,
+    discounted_returns,
+    gae,
+    grpo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+    token_level_rewards,
+    whiten,
+)
 from .aggregate import aggregate, microbatch_token_weights, token_weights
 from .config import (
     AdvantageConfig,
@@ -26,10 +37,12 @@ from .config import (
     SurrogateKind,
 )
 from .errors import ConfigError, InputError, InputTypeError, NumericalError, PolgradError
+from .kl import categorical_kl, kl_estimate, kl_penalized_rewards, reverse_kl_surrogate
 from .loss import PolicyLossOutput, policy_loss
 from .ratios import ratio
 from .registry import ALGORITHMS, AlgorithmSpec, Unstated, describe_algorithm, get_algorithm
 from .surrogates import clip_region, surrogate
+from .value import clipped_value_loss, value_loss_per_token
 
 __all__ = [
     "ALGORITHMS",
@@ -57,12 +70,27 @@ __all__ = [
     "SurrogateKind",
     "Unstated",
     "aggregate",
+    "categorical_kl",
     "clip_region",
+    "clipped_value_loss",
+    "compute_advantages",
     "describe_algorithm",
+    "discounted_returns",
+    "gae",
     "get_algorithm",
+    "grpo_advantages",
+    "kl_estimate",
+    "kl_penalized_rewards",
     "microbatch_token_weights",
     "policy_loss",
     "ratio",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "reverse_kl_surrogate",
+    "rloo_advantages",
     "surrogate",
+    "token_level_rewards",
     "token_weights",
+    "value_loss_per_token",
+    "whiten",
 ]

@@ -1,0 +1,157 @@
+"""How the function under test is called: verdicts for misbehaving functions, return
+values, layouts at the edge, and the KL term following the signature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_polgrad.engine import build_context, run_check
+from pytest_polgrad.options import parse_marker
+from tests.sample_losses import dapo, grpo_no_kl
+
+Tensor = torch.Tensor
+
+
+def _run(fn: Any, reference: str = "dapo", check: str = "value", **options: Any) -> Any:
+    ctx = build_context(fn, parse_marker((reference,), options))
+    return run_check(ctx, check, max_examples=40, base_seed=0, diagnose=False)
+
+
+def _raises(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    raise ValueError("cannot handle this batch")
+
+
+def _per_token(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    return logprobs * advantages[:, None]
+
+
+def _nan(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    return dapo(logprobs, old_logprobs, advantages, response_mask) * float("nan")
+
+
+def _integer(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    return response_mask.sum()
+
+
+def _python_float(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> float:
+    return float(dapo(logprobs, old_logprobs, advantages, response_mask))
+
+
+def _detached(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    return dapo(logprobs.detach(), old_logprobs, advantages, response_mask)
+
+
+@pytest.mark.parametrize(
+    ("fn", "check", "words"),
+    [
+        (_raises, "value", "the function raised on a valid batch: ValueError: cannot handle"),
+        (_per_token, "value", "returned a tensor of shape [1, 1]; the loss must be a scalar"),
+        (_nan, "value", "the function returned nan for a valid batch"),
+        (_integer, "value", "returned a torch.int64 tensor; the loss must be floating"),
+        (_python_float, "value", "returned float"),
+        (_detached, "gradient", "not differentiable in logprobs"),
+    ],
+    ids=["raises", "non-scalar", "nan", "integer", "python-float", "detached"],
+)
+def test_misbehaving_functions_get_a_verdict(fn: Any, check: str, words: str) -> None:
+    result = _run(fn, check=check)
+    assert not result.passed
+    assert words in result.report
+    assert "Traceback" not in result.report
+    assert "B=1, T=1" in result.report  # shrunk to the smallest batch
+
+
+def test_tuple_and_dict_returns() -> None:
+    def as_tuple(**kw: Tensor) -> tuple[Tensor, dict[str, float]]:
+        return dapo(**kw), {"clipfrac": 0.0}
+
+    def as_dict(**kw: Tensor) -> dict[str, Tensor]:
+        return {"policy_loss": dapo(**kw), "entropy": torch.zeros(())}
+
+    assert _run(as_tuple).passed
+    assert _run(as_dict, loss="policy_loss").passed
+    missing = _run(as_dict)
+    assert "returned a dict without key 'loss' (keys: ['entropy', 'policy_loss'])" in missing.report
+
+
+def _assumes_prefix(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """Wrong for left padding: rebuilds the mask as a prefix of each row's length."""
+    width = response_mask.shape[1]
+    prefix = torch.arange(width)[None, :] < response_mask.sum(dim=1, keepdim=True)
+    return dapo(logprobs, old_logprobs, advantages, prefix)
+
+
+def _packed(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    cu_seqlens: Tensor,
+) -> Tensor:
+    """DAPO over 1-D streams: advantages [B] expanded with the row lengths."""
+    assert logprobs.dim() == 1 and cu_seqlens.dtype == torch.int32
+    per_row = advantages.repeat_interleave((cu_seqlens[1:] - cu_seqlens[:-1]).long())
+    ratio = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+    per = torch.maximum(-per_row * ratio, -per_row * ratio.clamp(0.8, 1.28))
+    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+
+
+def test_layouts_at_the_edge() -> None:
+    for check in ("value", "gradient", "masked-positions", "inputs-unchanged"):
+        assert _run(dapo, check=check, layout="left").passed, check  # all via the mask
+        assert _run(_packed, check=check, layout="packed").passed, check
+    assert _run(_assumes_prefix, layout="right").passed
+    assert not _run(_assumes_prefix, layout="left").passed
+
+
+def _grpo_with_kl(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_logprobs: Tensor,
+) -> Tensor:
+    """GRPO as in the paper: policy term plus 0.04 * k3, both seq-mean-token-mean."""
+    lr = torch.where(response_mask, ref_logprobs - logprobs, 0.0)
+    k3 = torch.where(response_mask, torch.exp(lr) - 1 - lr, 0.0)
+    kl = (k3.sum(dim=1) / response_mask.sum(dim=1)).mean()
+    return grpo_no_kl(logprobs, old_logprobs, advantages, response_mask) + 0.04 * kl
+
+
+def _grpo_ignoring_ref(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_logprobs: Tensor,
+) -> Tensor:
+    return grpo_no_kl(logprobs, old_logprobs, advantages, response_mask)
+
+
+def test_kl_term_follows_the_signature() -> None:
+    with_kl = _run(_grpo_with_kl, "grpo")
+    assert with_kl.passed and not any(
+        "without the reference's as-loss KL" in n for n in with_kl.notes
+    )
+    assert _run(_grpo_with_kl, "grpo", check="gradient").passed
+    without = _run(grpo_no_kl, "grpo")
+    assert without.passed
+    assert any("without the reference's as-loss KL term" in n for n in without.notes)
+    assert not _run(_grpo_ignoring_ref, "grpo").passed
