@@ -46,15 +46,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--examples", type=int, default=100)
+    parser.add_argument("--max-batch", type=int, default=8, help="marker option max_batch")
+    parser.add_argument("--max-length", type=int, default=256, help="marker option max_length")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    options = parse_marker(("grpo",), {})
+    sizes = {"max_batch": args.max_batch, "max_length": args.max_length}
+    options = parse_marker(("grpo",), sizes)
     engine_t, bare_t, full_t = [], [], []
     recorded: list[dict[str, Tensor]] = []
 
-    def recording_loss(**batch: Tensor) -> Tensor:
-        recorded.append({k: v.detach() for k, v in batch.items()})
-        return grpo_loss(**batch)
+    def recording_loss(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        batch = dict(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+        recorded.append(
+            {k: v.detach() for k, v in batch.items()} | {"response_mask": response_mask}
+        )
+        return grpo_loss(logprobs, old_logprobs, advantages, response_mask)
 
     for run in range(args.runs):
         recorded.clear()
@@ -76,7 +84,8 @@ def main() -> None:
         full_t.append(time.perf_counter() - t0)
     eng, bar, full = (statistics.median(x) for x in (engine_t, bare_t, full_t))
     print(
-        f"torch {torch.__version__}, 1 thread, {args.examples} examples per check, {args.runs} runs"
+        f"torch {torch.__version__}, 1 thread, {args.examples} examples per check, "
+        f"{args.runs} runs, batches up to B={args.max_batch}, T={args.max_length}"
     )
     print(f"value+gradient checks        median {eng:7.3f} s")
     print(f"bare fwd+bwd fn + oracle     median {bar:7.3f} s  (same {len(recorded)} batches)")

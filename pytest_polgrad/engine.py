@@ -120,6 +120,8 @@ def _strategy(ctx: Context, check_name: str) -> st.SearchStrategy[Any]:
         with_ref_logprobs=cfg.kl_in_loss,
         with_rollout_logprobs=cfg.is_correction is not None,
         with_rewards=False,
+        max_batch=ctx.options.max_batch,
+        max_length=ctx.options.max_length,
         padding="nan" if ctx.options.padding_nan else "garbage",
     )
     return drawn.map(_on_policy) if check.on_policy else drawn

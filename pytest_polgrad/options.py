@@ -72,7 +72,7 @@ class ConformanceOptions:
     ``tolerance`` multiplies the default tolerance; ``strict`` flags anything beyond
     float64 rounding; ``expect`` maps a check to the reason it is known to fail;
     ``checks`` restricts the generated items; ``padding_nan`` puts NaN (not just finite
-    garbage) at padding.
+    garbage) at padding; ``max_batch`` / ``max_length`` bound the drawn batches.
     """
 
     reference: object
@@ -87,6 +87,8 @@ class ConformanceOptions:
     expect: Mapping[str, str] = dataclasses.field(default_factory=dict)
     checks: tuple[str, ...] | None = None
     padding_nan: bool = False
+    max_batch: int = 8
+    max_length: int = 256
     id: str | None = None
 
     def __post_init__(self) -> None:
@@ -108,6 +110,10 @@ class ConformanceOptions:
         n = self.max_examples
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise MarkerError(f"max_examples must be a positive int, got {n!r}")
+        for name in ("max_batch", "max_length"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise MarkerError(f"{name} must be a positive int, got {v!r}")
         if not isinstance(self.expect, Mapping):
             raise MarkerError(f"expect must be a dict {{check: reason}}, got {self.expect!r}")
         for check, reason in self.expect.items():

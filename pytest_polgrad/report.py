@@ -48,22 +48,25 @@ def snippet(ctx: Context, batch: Any) -> str:
     built = [ln for ln in batch.to_snippet().rstrip().splitlines() if ln != "import torch"]
     lines += ["", *built, ""]
     layout = ctx.options.layout
+    present = batch.as_kwargs()
+    passed = [
+        n for n in ctx.fut.takes if n in present or (n == "cu_seqlens" and layout == "packed")
+    ]
     if layout != "right":
         lines += [
-            "# the function receives the batch in the "
-            f"{layout}-{'padded' if layout == 'left' else ''} layout",
+            f"# the function receives the batch {'left-padded' if layout == 'left' else 'packed'}",
             "from pytest_polgrad.strategies import pack, right_to_left, row_extents",
             "extents = row_extents(response_mask)",
         ]
         convert = "right_to_left({0}, extents)" if layout == "left" else "pack({0}, extents)[0]"
-        names = [n for n in ctx.fut.takes if n not in ("cu_seqlens", "advantages")]
-        if ctx.options.advantages == "token":
+        names = [n for n in passed if n not in ("cu_seqlens", "advantages")]
+        if "advantages" in passed and ctx.options.advantages == "token":
             names.append("advantages")
-        lines += [f"{n}_in = {convert.format(n)}" for n in names if n != "cu_seqlens"]
-        if layout == "packed" and "cu_seqlens" in ctx.fut.takes:
+        lines += [f"{n}_in = {convert.format(n)}" for n in names]
+        if "cu_seqlens" in passed:
             lines.append("cu_seqlens = pack(response_mask, extents)[1]")
     call_args = []
-    for n in ctx.fut.takes:
+    for n in passed:
         converted = (
             layout != "right"
             and n != "cu_seqlens"

@@ -155,3 +155,27 @@ def test_kl_term_follows_the_signature() -> None:
     assert without.passed
     assert any("without the reference's as-loss KL term" in n for n in without.notes)
     assert not _run(_grpo_ignoring_ref, "grpo").passed
+
+
+@pytest.mark.parametrize("layout", ["right", "left", "packed"])
+def test_the_report_snippet_runs_standalone(layout: str, tmp_path: Any) -> None:
+    """The reproduce snippet rebuilds the shrunk batch, calls the function and the
+    reference, and prints both numbers (run in a fresh interpreter)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.sample_losses import dapo_wrong_eps
+
+    result = _run(dapo_wrong_eps, layout=layout)
+    assert not result.passed
+    text = result.report.split("reproduce (standalone; run from your repository root):")[1]
+    code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
+    root = Path(__file__).parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=False
+    )
+    assert out.returncode == 0, out.stderr + code
+    printed = out.stdout.split()
+    fn_value, ref_value = float(printed[1]), float(printed[3])
+    assert fn_value != pytest.approx(ref_value, rel=1e-6)  # the snippet reproduces the finding
