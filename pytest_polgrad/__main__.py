@@ -42,28 +42,41 @@ def load_function(spec: str) -> Callable[..., Any]:
     return fn  # type: ignore[no-any-return]
 
 
-def which(fn: Callable[..., Any], *, reference: str, advantages: str, dtype: str, top: int) -> str:
+def which(fn: Callable[..., Any], options: Any, *, top: int) -> str:
     """A readable ranking of the semantics closest to ``fn``."""
     from .diagnose import diagnose
     from .engine import build_context
+    from .target import Verdict
 
-    ctx = build_context(fn, _options(reference, advantages, dtype))
-    matches = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=top)
-    if not matches:
-        return f"{ctx.fut.name}: could not be evaluated on the canonical corpus"
-    lines = [f"{ctx.fut.name} on the canonical corpus ({dtype}, {advantages} advantages):"]
+    ctx = build_context(fn, options)
+    try:
+        matches = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=top)
+    except Verdict as exc:
+        return f"{ctx.fut.name}: cannot be evaluated: {exc}"
+    lines = [
+        f"{ctx.fut.name} on the canonical corpus ({options.dtype}, {options.advantages} "
+        f"advantages, {options.layout} layout), around {options.reference_id!r}:"
+    ]
     for m in matches:
-        verdict = "MATCH" if m.matches else f"off by {m.error:.3g}x tolerance"
+        verdict = "MATCH" if m.matches else f"off by {m.error:.3g}x tol"
         lines.append(f"  {verdict:<24} {m.describe()}")
     if not any(m.matches for m in matches):
         lines.append("  no registered semantics matches within tolerance")
     return "\n".join(lines)
 
 
-def _options(reference: str, advantages: str, dtype: str) -> Any:
+def _options(fn: Callable[..., Any], args: argparse.Namespace) -> Any:
+    """The function's own marker options when it is marked, command-line flags override."""
     from .options import parse_marker
 
-    return parse_marker((reference,), {"advantages": advantages, "dtype": dtype})
+    marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "polgrad_conforms"]
+    reference, kwargs = ("grpo", {}) if not marks else (marks[0].args[0], dict(marks[0].kwargs))
+    kwargs.pop("expect", None)
+    kwargs.pop("checks", None)
+    for flag in ("advantages", "dtype", "layout"):
+        if getattr(args, flag) is not None:
+            kwargs[flag] = getattr(args, flag)
+    return parse_marker((args.around or reference,), kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,19 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("which", help="which registered semantics does a loss implement?")
     w.add_argument("function", help="path/to/test_file.py::function")
-    w.add_argument("--advantages", choices=("sequence", "token"), default="sequence")
-    w.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    w.add_argument("--advantages", choices=("sequence", "token"), default=None)
+    w.add_argument("--dtype", choices=("float64", "float32"), default=None)
+    w.add_argument("--layout", choices=("right", "left", "packed"), default=None)
     w.add_argument(
         "--around",
-        default="grpo",
-        help="registry entry whose KL/IS settings seed the candidate space (default grpo)",
+        default=None,
+        help="registry entry whose settings seed the candidate space (default: the "
+        "function's marker reference, else grpo)",
     )
     w.add_argument("--top", type=int, default=5)
     args = parser.parse_args(argv)
     fn = load_function(args.function)
-    print(
-        which(fn, reference=args.around, advantages=args.advantages, dtype=args.dtype, top=args.top)
-    )
+    print(which(fn, _options(fn, args), top=args.top))
     return 0
 
 

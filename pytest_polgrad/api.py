@@ -88,9 +88,18 @@ def assert_conforms(
     undeclared failure or a stale ``expect=`` entry, return the report otherwise."""
     opts = parse_marker((reference,), {**options, "max_examples": max_examples})
     budget = opts.max_examples or 100
+    checks = applicable_checks(resolve_config(opts), opts)
+    stray = set(opts.expect) - set(checks)
+    if not checks or stray:
+        raise ValueError(
+            f"assert_conforms runs the checks {checks} for these options (golden needs "
+            f"pytest); expect= names {sorted(stray)} which do not run"
+            if stray
+            else f"no check runs for checks={opts.checks!r} (golden runs only under pytest)"
+        )
     results = tuple(
         run_check(build_context(fn, opts), check, max_examples=budget, base_seed=seed)
-        for check in applicable_checks(resolve_config(opts), opts)
+        for check in checks
     )
     report = ConformanceReport(
         function=getattr(fn, "__qualname__", repr(fn)),

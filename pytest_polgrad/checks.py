@@ -18,6 +18,7 @@ from polgrad_reference import (
     ISMode,
     MicroBatchScaling,
     PolicyLossConfig,
+    RatioKind,
     SurrogateKind,
 )
 
@@ -292,13 +293,16 @@ def check_extreme_finite(ctx: Context, batch: Batch) -> float:
     ev = ctx.fut.call(batch)
     assert ev.grad is not None
     if not bool(torch.isfinite(ev.loss)):
-        raise CheckFailure(f"the loss is {float(ev.loss)} on valid extreme-domain input")
+        raise CheckFailure(
+            f"the loss is {float(ev.loss)} on valid extreme-domain input",
+            numbers=[("loss", "finite", str(float(ev.loss)))],
+        )
     bad = ~torch.isfinite(ev.grad)
     if bool(bad.any()):
         pos = [tuple(p) for p in bad.nonzero().tolist()][:4]
         raise CheckFailure(
             f"the gradient is non-finite at {int(bad.sum())} position(s) on valid input",
-            entries=[(p, math.nan, float(ev.grad[p])) for p in pos],
+            numbers=[(f"d loss / d logprobs{p}", "finite", str(float(ev.grad[p]))) for p in pos],
         )
     return 0.0
 
@@ -354,7 +358,7 @@ def check_on_policy(ctx: Context, batch: Batch) -> float:
     """On-policy (old = logprobs), every ratio-based surrogate has the REINFORCE gradient."""
     ev = ctx.fut.call(batch)
     _require_finite_loss(ev)
-    reinforce = Oracle(ctx.config.replace(surrogate=SurrogateKind.REINFORCE))
+    reinforce = Oracle(ctx.config.replace(surrogate=SurrogateKind.REINFORCE, ratio=RatioKind.TOKEN))
     ref = reinforce(batch, kink_eps=ctx.tolerance.loosest)
     return _compare_grad(ctx, batch, ev, ref, "on-policy gradient (expected: REINFORCE's)")
 

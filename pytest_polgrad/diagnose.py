@@ -142,7 +142,8 @@ def diagnose(
     *,
     top: int = 3,
 ) -> list[Match]:
-    """Rank candidate semantics by how well they explain ``fut`` on the corpus.
+    """Rank candidate semantics by how well they explain ``fut`` on the corpus; raises
+    :class:`Verdict` when ``fut`` cannot be evaluated on a corpus batch.
 
     Each corpus batch is evaluated separately (a padded-width budget differs per batch);
     a candidate's error is its worst over batches and over loss and gradient.
@@ -152,8 +153,8 @@ def diagnose(
     for name, batch in corpus.items():
         try:
             ev = fut.call(batch)
-        except Verdict:
-            return []
+        except Verdict as exc:
+            raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
         assert ev.grad is not None
         observed[name] = (float(ev.loss), ev.grad.to(torch.float64))
     errors: dict[tuple[int, bool], tuple[PolicyLossConfig, float]] = {}

@@ -26,7 +26,7 @@ from .checks import CHECKS, CheckFailure, Context
 from .options import ConformanceOptions
 from .oracle import Oracle
 from .report import failure_report
-from .strategies import Batch, batches
+from .strategies import EXTREME, Batch, batches
 from .target import FunctionUnderTest, Verdict
 from .tolerance import Tolerance
 
@@ -59,9 +59,9 @@ class CheckResult:
     notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain JSON-compatible data (a non-finite ``worst`` becomes None)."""
+        """Plain JSON-compatible data (a non-finite ``worst`` becomes the string "inf")."""
         data = dataclasses.asdict(self)
-        data["worst"] = self.worst if math.isfinite(self.worst) else None
+        data["worst"] = self.worst if math.isfinite(self.worst) else "inf"
         return data
 
 
@@ -112,10 +112,17 @@ def derive_seed(base: int, *parts: str) -> int:
 def _strategy(ctx: Context, check_name: str) -> st.SearchStrategy[Any]:
     check = CHECKS[check_name]
     cfg = ctx.config
+    dtype = ctx.tolerance.input_dtype
+    # Keep a plain loss representable in the input dtype: |A| * exp(gap) summed over up to
+    # max_batch * max_length tokens (binds for float16 only: gap <= log(65504 / 8192)).
+    tokens = ctx.options.max_batch * ctx.options.max_length
+    cap = max(1.0, math.log(torch.finfo(dtype).max / (4.0 * tokens)))
+    bound = min(EXTREME.max_log_ratio, cap) if check.domain == "extreme" else None
     drawn = batches(
+        max_log_ratio=bound,
         clip=cfg.clip,
         domain=check.domain,
-        dtype=ctx.tolerance.input_dtype,
+        dtype=dtype,
         advantage_shape=ctx.options.advantages,  # type: ignore[arg-type]
         with_ref_logprobs=cfg.kl_in_loss,
         with_rollout_logprobs=cfg.is_correction is not None,

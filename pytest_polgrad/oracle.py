@@ -11,7 +11,13 @@ from collections.abc import Mapping
 
 import torch
 
-from polgrad_reference import PolicyLossConfig, RatioKind, SurrogateKind, policy_loss
+from polgrad_reference import (
+    PolicyLossConfig,
+    PolicyLossOutput,
+    RatioKind,
+    SurrogateKind,
+    policy_loss,
+)
 
 __all__ = ["Oracle", "OracleResult"]
 
@@ -80,6 +86,8 @@ class Oracle:
         value_scale = float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
         g_abs = g.abs()
         grad_scale = (g_abs + g_abs.amax(dim=1, keepdim=True)) * cond
+        if out.kl is not None:
+            grad_scale = grad_scale + self._kl_grad_scale(out, x)
         return OracleResult(
             loss=out.loss.item(),
             grad=g.detach(),
@@ -88,6 +96,18 @@ class Oracle:
             ambiguous=self._kinks(ratio, mask, cond * kink_eps),
             n_tokens=int(mask.sum()),
         )
+
+    def _kl_grad_scale(self, out: PolicyLossOutput, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Rounding scale of the KL term's gradient: ``d k / d logprobs`` involves
+        ``exp(lr) - 1`` (k3) or ``lr`` (k2) with ``lr = ref - logprobs``, which cancels."""
+        assert self.config.kl is not None
+        mask = out.response_mask
+        ref = torch.where(mask, x["ref_logprobs"], 0.0)
+        lp = torch.where(mask, x["logprobs"], 0.0)
+        lr = ref - lp
+        cond = 1.0 + ref.abs() + lp.abs()
+        weights = out.weights if out.kl_weights is None else out.kl_weights
+        return self.config.kl.coef * weights * (torch.exp(lr) + 1.0 + lr.abs()) * cond
 
     def _kinks(self, ratio: torch.Tensor, mask: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
         clip = self.config.clip

@@ -9,7 +9,6 @@ marked function is collected or a polgrad fixture is used.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -139,16 +138,14 @@ class PolgradItem(pytest.Item):
         from .engine import build_context, run_check
 
         config = self.config
-        seed = base_seed(config)
-        replay = f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={seed}"
-        ctx = build_context(self.fn, self.options)
-        result = run_check(
-            ctx,
-            self.check,
-            max_examples=max_examples(config, self.options),
-            base_seed=seed,
-            replay=replay,
+        seed, budget = base_seed(config), max_examples(config, self.options)
+        replay = (
+            f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={seed} "
+            f"--polgrad-max-examples={budget}"
         )
+        ctx = build_context(self.fn, self.options)
+        result = run_check(ctx, self.check, max_examples=budget, base_seed=seed, replay=replay)
+        self.user_properties[:] = [p for p in self.user_properties if p[0] != "polgrad"]
         self.user_properties.append(("polgrad", json.dumps(result.as_dict())))
         reason = self.options.expect.get(self.check)
         if result.passed and reason is not None:
@@ -170,6 +167,21 @@ class PolgradItem(pytest.Item):
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
         return self.path, None, self.name
+
+
+def _provisional(fn: object, reference: str, check: str) -> tuple[str, str]:
+    """The entry an item reports when it ends without a result (a golden item, an error
+    inside the kit), so that the summary table still counts it."""
+    entry = {
+        "function": getattr(fn, "__qualname__", repr(fn)),
+        "reference": reference,
+        "check": check,
+        "worst": None,
+        "examples": 0,
+        "match": "",
+        "diagnosis": "",
+    }
+    return "polgrad", json.dumps(entry)
 
 
 def _golden_item(
@@ -221,6 +233,14 @@ def pytest_pycollect_makeitem(
                 "give one of them id='...'"
             )
         seen.add(options.reference_id)
+        checks = applicable_checks(cfg, options)
+        golden = options.checks is None or "golden" in options.checks
+        stray = set(options.expect) - set(checks) - ({"golden"} if golden else set())
+        if stray:
+            raise collector.CollectError(
+                f"{name}: expect= names check(s) {sorted(stray)} that do not run for this "
+                f"reference and options (running: {[*checks, *(['golden'] if golden else [])]})"
+            )
         items += [
             PolgradItem.from_parent(
                 collector,
@@ -229,10 +249,15 @@ def pytest_pycollect_makeitem(
                 options=options,
                 check=check,
             )
-            for check in applicable_checks(cfg, options)
+            for check in checks
         ]
-        if options.checks is None or "golden" in options.checks:
+        if golden:
             items.append(_golden_item(collector, name, obj, options))
+            checks.append("golden")
+        if not checks:
+            raise collector.CollectError(f"{name}: no polgrad check applies ({options.checks=})")
+        for item, check in zip(items[-len(checks) :], checks, strict=True):
+            item.user_properties.append(_provisional(obj, options.reference_id, check))
     for item in items:
         for other in getattr(obj, "pytestmark", []):
             if getattr(other, "name", None) != MARKER:
@@ -249,8 +274,8 @@ class Reporter:
         self.results: list[dict[str, Any]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
+        if not (report.when == "call" or report.failed):
+            return  # one entry per item: its call, or the setup/teardown that failed
         for key, value in report.user_properties:
             if key == "polgrad":
                 entry = json.loads(str(value))
@@ -286,11 +311,12 @@ def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
         passed = sum(r["status"] == "passed" for r in rows)
         failed = sum(r["status"] == "failed" for r in rows)
         expected = sum(r["status"] == "xfailed" for r in rows)
-        worst = max(math.inf if r["worst"] is None else float(r["worst"]) for r in rows)
+        measured = [float(r["worst"]) for r in rows if r["worst"] is not None]
+        worst = f"{max(measured):.3g}" if measured else "-"
         diagnosis = next((str(r.get("match", "")) for r in rows if r.get("match")), "")
         if not diagnosis and failed == 0:
             diagnosis = "conforms" if expected == 0 else "conforms, except the declared deviations"
-        yield fn, ref, str(passed), str(failed), str(expected), f"{worst:.3g}", diagnosis
+        yield fn, ref, str(passed), str(failed), str(expected), worst, diagnosis
 
 
 # --------------------------------------------------------------------------- fixtures

@@ -158,10 +158,11 @@ def diagnosis_line(ctx: Context) -> tuple[str, str]:
 def _diagnosis(ctx: Context) -> tuple[str, str]:
     from .diagnose import describe_config, diagnose
 
-    matches = diagnose(ctx.fut, ctx.config, ctx.tolerance)
     wanted = f"the reference {ctx.options.reference_id!r} is {describe_config(ctx.config)}"
-    if not matches:
-        return f"no registered semantics could be evaluated; {wanted}", "not evaluable"
+    try:
+        matches = diagnose(ctx.fut, ctx.config, ctx.tolerance)
+    except Verdict as exc:
+        return f"not diagnosed ({exc}); {wanted}", "not diagnosed"
     best = [m for m in matches if m.matches]
     if best:
         found = "; or ".join(m.describe() for m in best)

@@ -179,3 +179,49 @@ def test_the_report_snippet_runs_standalone(layout: str, tmp_path: Any) -> None:
     printed = out.stdout.split()
     fn_value, ref_value = float(printed[1]), float(printed[3])
     assert fn_value != pytest.approx(ref_value, rel=1e-6)  # the snippet reproduces the finding
+
+
+def _gspo(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """GSPO written by hand: length-normalised sequence ratio, clip 3e-4 / 4e-4."""
+    lengths = response_mask.sum(dim=1)
+    seq_log_ratio = torch.where(response_mask, logprobs - old_logprobs, 0.0).sum(dim=1) / lengths
+    s = torch.exp(seq_log_ratio)
+    per_seq = torch.maximum(-advantages * s, -advantages * s.clamp(1 - 3e-4, 1 + 4e-4))
+    return per_seq.mean()
+
+
+@pytest.mark.parametrize("reference", ["gspo", "gspo_token"])
+def test_gspo_losses_pass_every_applicable_check(reference: str) -> None:
+    from pytest_polgrad.engine import applicable_checks, resolve_config
+
+    opts = parse_marker((reference,), {})
+    for check in applicable_checks(resolve_config(opts), opts):
+        result = _run(_gspo, reference, check)
+        assert result.passed, result.report
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kl_gradient_tolerance_in_float32(seed: int) -> None:
+    """k3's gradient, exp(ref - lp) - 1, cancels for ref close to lp: float32 rounding of
+    a correct loss must stay within tolerance (review finding)."""
+    from tests.test_conformance_calls import _grpo_with_kl as loss
+
+    for check in ("gradient", "on-policy"):
+        ctx = build_context(loss, parse_marker(("grpo",), {"dtype": "float32"}))
+        result = run_check(ctx, check, max_examples=150, base_seed=seed, diagnose=False)
+        assert result.passed, result.report
+
+
+def test_float16_extreme_domain_stays_representable() -> None:
+    assert _run(dapo, check="extreme-finite", dtype="float16").passed
+
+
+def test_assert_conforms_rejects_checks_that_do_not_run() -> None:
+    from pytest_polgrad import assert_conforms
+
+    with pytest.raises(ValueError, match="golden runs only under pytest"):
+        assert_conforms(dapo, "dapo", checks=["golden"])
+    with pytest.raises(ValueError, match=r"expect= names \['micro-batch'\]"):
+        assert_conforms(dapo, "dapo", expect={"micro-batch": "n/a"})

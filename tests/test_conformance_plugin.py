@@ -69,7 +69,10 @@ def test_ids_and_verdicts_identical_serial_and_xdist(project: pytest.Pytester) -
     assert "good[dapo-value]" in ids and "good[dapo-extreme-finite]" in ids
     assert "wrong[dapo-value]" in ids and "wrong[dapo-padding-values]" not in ids
     status = dict((n.split("::")[1], s) for n, s in serial)
-    assert {s for n, s in status.items() if n.startswith("good[")} == {"passed"}
+    assert {s for n, s in status.items() if n.startswith("good[dapo-")} == {"passed", "failed"}
+    assert [n for n, s in status.items() if n.startswith("good[") and s == "failed"] == [
+        "good[dapo-golden]"  # never recorded in this temporary project
+    ]
     assert status["declared[dapo-value]"] == "xfailed"
     assert status["declared[dapo-padding-values]"] == "passed"
     assert status["stale[dapo-deterministic]"] == "failed"
@@ -86,7 +89,10 @@ def test_failure_report_is_readable(project: pytest.Pytester) -> None:
     result.assert_outcomes(failed=1)
     assert "wrong does not conform to 'dapo': check 'value' failed" in text
     assert "reproduce (standalone" in text and "from test_losses import wrong" in text
-    assert "replay     pytest 'test_losses.py::wrong[dapo-value]'" in text
+    assert (
+        "replay     pytest 'test_losses.py::wrong[dapo-value]' -p no:randomly "
+        "--polgrad-seed=0 --polgrad-max-examples=15"
+    ) in text
     assert "Traceback" not in text
 
 
@@ -197,3 +203,22 @@ def test_the_demo_trainer_exits_clean_serial_and_xdist(pytester: pytest.Pytester
     assert runs[0] == runs[1]
     statuses = {s for _, s in runs[0]}
     assert statuses == {"passed", "xfailed"}
+
+
+def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_losses=LOSSES)
+    report = pytester.path / "r.json"
+    # no golden is recorded yet: the golden items fail, and the table must say so
+    result = pytester.runpytest_subprocess(*ARGS, "-k", "good", f"--polgrad-report={report}")
+    text = result.stdout.str()
+    row = next(line for line in text.splitlines() if line.startswith("good "))
+    assert row.split()[2:5] == ["9", "1", "0"], row
+    assert "conforms" not in row
+    entries = {r["check"]: r["status"] for r in json.loads(report.read_text())}
+    assert entries["golden"] == "failed" and entries["value"] == "passed"
+    pytester.makepyfile(
+        "import pytest\n\n@pytest.mark.polgrad_conforms('dapo', expect={'micro-batch': 'x'})\n"
+        "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
+    )
+    text = pytester.runpytest_subprocess("-p", "no:cacheprovider").stdout.str()
+    assert "expect= names check(s) ['micro-batch'] that do not run" in text
