@@ -41,8 +41,9 @@ def _reference_source(ctx: Context) -> list[str]:
     ]
 
 
-def snippet(ctx: Context, batch: Any) -> str:
-    """Standalone Python: rebuild the batch, call the function and the reference."""
+def snippet(ctx: Context, batch: Any, check: str = "value") -> str:
+    """Standalone Python: rebuild the batch, call the function and the reference, and
+    print what ``check`` compares (loss, gradient, padding gradient, changed inputs)."""
     fn = ctx.fut.fn
     lines = ["import torch", f"from {fn.__module__} import {fn.__name__}", *_reference_source(ctx)]
     built = [ln for ln in batch.to_snippet().rstrip().splitlines() if ln != "import torch"]
@@ -55,7 +56,9 @@ def snippet(ctx: Context, batch: Any) -> str:
     if layout != "right":
         lines += [
             f"# the function receives the batch {'left-padded' if layout == 'left' else 'packed'}",
-            "from pytest_polgrad.strategies import pack, right_to_left, row_extents",
+            "from pytest_polgrad.strategies import (",
+            "    left_to_right, pack, right_to_left, row_extents, unpack,",
+            ")",
             "extents = row_extents(response_mask)",
         ]
         convert = "right_to_left({0}, extents)" if layout == "left" else "pack({0}, extents)[0]"
@@ -74,18 +77,43 @@ def snippet(ctx: Context, batch: Any) -> str:
         )
         call_args.append(f"{n}={n}_in" if converted else f"{n}={n}")
     lp = "logprobs_in" if layout != "right" else "logprobs"
+    args = ", ".join(call_args)
+    if check == "inputs-unchanged":
+        lines.append(f"before = {{k: v.clone() for k, v in dict({args}).items()}}")
     lines += [
         f"{lp}.requires_grad_(True)",
-        f"loss = {fn.__name__}({', '.join(call_args)})",
-        "ref_inputs = dict(logprobs=logprobs.double(), old_logprobs=old_logprobs.double(),",
+        f"loss = {fn.__name__}({args})",
+        f"(grad,) = torch.autograd.grad(loss, {lp})",
+    ]
+    if layout == "left":
+        lines.append("grad = left_to_right(grad, extents)")
+    elif layout == "packed":
+        lines.append(
+            "grad = unpack(grad, pack(response_mask, extents)[1], width=response_mask.shape[1])"
+        )
+    lines += [
+        "ref_lp = logprobs.detach().double().requires_grad_(True)",
+        "ref_inputs = dict(logprobs=ref_lp, old_logprobs=old_logprobs.double(),",
         "                  advantages=advantages.double(), response_mask=response_mask)",
     ]
-    for name in ctx.oracle.needs:
-        lines.append(f"ref_inputs['{name}'] = {name}.double()")
+    lines += [f"ref_inputs['{name}'] = {name}.double()" for name in ctx.oracle.needs]
     lines += [
         "expected = policy_loss(config, **ref_inputs).loss",
+        "(expected_grad,) = torch.autograd.grad(expected, ref_lp)",
         "print('function:', loss.item(), ' reference:', expected.item())",
+        "diff = (grad.double() - expected_grad).abs().masked_fill(~response_mask, 0.0)",
+        "print('largest gradient difference at a response position:', diff.max().item(),",
+        "      'at (b, t) =', divmod(int(diff.argmax()), diff.shape[1]))",
+        "print('largest |gradient| at padding (must be 0):',",
+        "      grad.masked_fill(response_mask, 0.0).abs().max().item())",
     ]
+    if check == "inputs-unchanged":
+        lines += [
+            f"after = dict({args})",
+            "changed = [k for k, v in before.items()",
+            "           if not torch.equal(v.nan_to_num(), after[k].detach().nan_to_num())]",
+            "print('inputs modified in place:', changed)",
+        ]
     return "\n".join(lines)
 
 
@@ -136,7 +164,9 @@ def failure_report(
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
     if batch is not None:
         out += ["", "  reproduce (standalone; run from your repository root):", ""]
-        out += ["    " + line if line else "" for line in snippet(ctx, batch).splitlines()]
+        out += [
+            "    " + line if line else "" for line in snippet(ctx, batch, check.name).splitlines()
+        ]
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, summary

@@ -179,6 +179,30 @@ def test_the_report_snippet_runs_standalone(layout: str, tmp_path: Any) -> None:
     printed = out.stdout.split()
     fn_value, ref_value = float(printed[1]), float(printed[3])
     assert fn_value != pytest.approx(ref_value, rel=1e-6)  # the snippet reproduces the finding
+    assert "largest gradient difference at a response position" in out.stdout
+
+
+def test_snippet_shows_what_the_check_compared() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.sample_losses import cispo_no_stop_gradient, dapo_inplace
+
+    root = Path(__file__).parents[1]
+    for fn, reference, check, shown in (
+        (cispo_no_stop_gradient, "cispo", "gradient", "largest gradient difference"),
+        (dapo_inplace, "dapo", "inputs-unchanged", "inputs modified in place: ['old_logprobs']"),
+    ):
+        result = _run(fn, reference, check, **({"eps_high": 2.0} if reference == "cispo" else {}))
+        text = result.report.split("reproduce (standalone; run from your repository root):")[1]
+        code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+        assert out.returncode == 0, out.stderr
+        assert shown in out.stdout
+        if check == "gradient":
+            line = next(x for x in out.stdout.splitlines() if "largest gradient difference" in x)
+            assert float(line.split(":")[1].split()[0]) > 1e-6
 
 
 def _gspo(
