@@ -42,6 +42,31 @@ def bare(ctx: Any, batch: dict[str, Tensor]) -> None:
     ctx.oracle(batch, kink_eps=ctx.tolerance.loosest)
 
 
+def generation_floor(ctx: Any, examples: int, seed: int) -> float:
+    """Seconds Hypothesis needs to draw ``examples`` batches of the value check's strategy
+    and run a property that does nothing: the floor under any Hypothesis-driven check."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as fix_seed
+
+    from pytest_polgrad.engine import _strategy
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=(Phase.explicit, Phase.generate),
+        suppress_health_check=list(HealthCheck),
+    )
+    @fix_seed(seed)
+    @given(batch=_strategy(ctx, "value"))
+    def noop(batch: Any) -> None:
+        pass
+
+    t0 = time.perf_counter()
+    noop()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
@@ -52,7 +77,7 @@ def main() -> None:
     torch.set_num_threads(1)
     sizes = {"max_batch": args.max_batch, "max_length": args.max_length}
     options = parse_marker(("grpo",), sizes)
-    engine_t, bare_t, full_t = [], [], []
+    engine_t, bare_t, full_t, floor_t = [], [], [], []
     recorded: list[dict[str, Tensor]] = []
 
     def recording_loss(
@@ -76,13 +101,14 @@ def main() -> None:
         for batch in recorded:  # the very batches the two checks evaluated
             bare(ctx, batch)
         bare_t.append(time.perf_counter() - t0)
+        floor_t.append(2 * generation_floor(ctx, args.examples, run))
         t0 = time.perf_counter()
         for check in applicable_checks(resolve_config(options), options):
             run_check(
                 build_context(grpo_loss, options), check, max_examples=args.examples, base_seed=run
             )
         full_t.append(time.perf_counter() - t0)
-    eng, bar, full = (statistics.median(x) for x in (engine_t, bare_t, full_t))
+    eng, bar, full, floor = (statistics.median(x) for x in (engine_t, bare_t, full_t, floor_t))
     print(
         f"torch {torch.__version__}, 1 thread, {args.examples} examples per check, "
         f"{args.runs} runs, batches up to B={args.max_batch}, T={args.max_length}"
@@ -90,6 +116,8 @@ def main() -> None:
     print(f"value+gradient checks        median {eng:7.3f} s")
     print(f"bare fwd+bwd fn + oracle     median {bar:7.3f} s  (same {len(recorded)} batches)")
     print(f"ratio engine / bare          {eng / bar:7.3f}")
+    print(f"generation floor (2 no-op properties) {floor:7.3f} s")
+    print(f"engine's own overhead        {eng - bar - floor:7.3f} s beyond floor + bare")
     print(
         f"full default run, all {len(applicable_checks(resolve_config(options), options))} "
         f"checks  median {full:7.3f} s"

@@ -26,7 +26,9 @@ from pytest_polgrad.strategies import (
     row_extents,
 )
 
-BUDGET = settings(max_examples=100, database=None, phases=[Phase.generate])
+BUDGET = settings(  # derandomized: the same 100 examples on every run, so CI cannot flake
+    max_examples=100, database=None, phases=[Phase.generate], derandomize=True
+)
 
 
 @given(lengths(min_batch=2, max_batch=5, min_length=3, max_length=9))

@@ -17,7 +17,9 @@ from hypothesis import Phase, find, settings
 from polgrad_reference.registry import ALGORITHMS
 from pytest_polgrad.strategies import Batch, batches
 
-BUDGET = settings(max_examples=100, database=None, phases=[Phase.generate])
+BUDGET = settings(  # derandomized: the same 100 examples on every run, so CI cannot flake
+    max_examples=100, database=None, phases=[Phase.generate], derandomize=True
+)
 
 
 def reach(condition: Callable[[Batch], bool], **kwargs: object) -> Batch:
