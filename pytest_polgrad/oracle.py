@@ -64,7 +64,8 @@ class Oracle:
     ) -> OracleResult:
         """Evaluate on ``batch`` (canonical ``[B, T]`` right-padded tensors, any float dtype);
         ``kink_eps`` is the relative rounding error that makes a clip kink ambiguous. With
-        ``grad=False`` the backward pass is skipped and the gradient fields are zeros."""
+        ``grad=False`` the backward pass is skipped and the gradient fields (``grad``,
+        ``grad_scale``, ``ambiguous``) are zeros."""
         x = {
             k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
             for k in (*_CORE, *self.needs)
@@ -84,16 +85,20 @@ class Oracle:
             assert self.config.kl is not None
             terms = terms + self.config.kl.coef * (out.kl.detach().abs() + cond)
         value_scale = float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
-        g_abs = g.abs()
-        grad_scale = (g_abs + g_abs.amax(dim=1, keepdim=True)) * cond
-        if out.kl is not None:
-            grad_scale = grad_scale + self._kl_grad_scale(out, x)
+        if grad:
+            g_abs = g.abs()
+            grad_scale = (g_abs + g_abs.amax(dim=1, keepdim=True)) * cond
+            if out.kl is not None:
+                grad_scale = grad_scale + self._kl_grad_scale(out, x)
+            ambiguous = self._kinks(ratio, mask, cond * kink_eps)
+        else:  # a value-only comparison needs neither
+            grad_scale, ambiguous = g, torch.zeros_like(mask)
         return OracleResult(
             loss=out.loss.item(),
             grad=g.detach(),
             value_scale=value_scale,
             grad_scale=grad_scale,
-            ambiguous=self._kinks(ratio, mask, cond * kink_eps),
+            ambiguous=ambiguous,
             n_tokens=int(mask.sum()),
         )
 
