@@ -249,3 +249,21 @@ def test_assert_conforms_rejects_checks_that_do_not_run() -> None:
         assert_conforms(dapo, "dapo", checks=["golden"])
     with pytest.raises(ValueError, match=r"expect= names \['micro-batch'\]"):
         assert_conforms(dapo, "dapo", expect={"micro-batch": "n/a"})
+
+
+def _multiplies_by_mask(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """Correct for finite padding, but NaN * 0 = NaN: padding NaN leaks through."""
+    m = response_mask.to(logprobs.dtype)
+    ratio = torch.exp((logprobs - old_logprobs) * m)
+    a = advantages[:, None]
+    per = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.28))
+    return (per * m).sum() / m.sum()
+
+
+def test_padding_nan_option() -> None:
+    assert _run(_multiplies_by_mask, check="padding-values").passed
+    nan = _run(_multiplies_by_mask, check="padding-values", padding_nan=True)
+    assert not nan.passed and "the function returned nan for a valid batch" in nan.report
+    assert _run(dapo, check="padding-values", padding_nan=True).passed  # masks with where
