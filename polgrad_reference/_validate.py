@@ -19,10 +19,12 @@ __all__ = [
     "require_finite_where",
     "require_float_tensor",
     "require_nonempty_rows",
+    "require_right_padded",
     "require_same_device",
     "require_same_dtype",
     "require_shape",
     "require_tensor",
+    "require_token_inputs",
 ]
 
 _MAX_LISTED = 6
@@ -118,3 +120,49 @@ def require_finite_where(name: str, t: torch.Tensor, where: torch.Tensor | None)
         kind = "NaN" if bool(torch.isnan(t[bad]).any()) else "inf"
         place = "at response positions " if where is not None else "at positions "
         raise InputError(f"{name} holds {kind} {place}{format_positions(bad)}")
+
+
+def require_token_inputs(
+    response_mask: object,
+    *,
+    tokens: dict[str, object | None],
+    rows: dict[str, object | None] | None = None,
+    optional: tuple[str, ...] = (),
+    nonempty: bool = True,
+    right_padded: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Validate a ``[B, T]`` bool mask with float ``[B, T]`` (``tokens``) and ``[B]``
+    (``rows``) tensors; names in ``optional`` may be ``None`` and are then left out.
+    Structural checks first, then values: finite at response positions (``[B, T]``) or
+    everywhere (``[B]``)."""
+    mask = require_bool_mask("response_mask", response_mask)
+    if mask.dim() != 2:
+        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
+    shapes = {name: (tuple(mask.shape), "[B, T] like response_mask") for name in tokens}
+    shapes |= {name: (tuple(mask.shape[:1]), "[B]") for name in rows or {}}
+    given = {
+        k: x for k, x in {**tokens, **(rows or {})}.items() if k not in optional or x is not None
+    }
+    out = {name: require_float_tensor(name, x) for name, x in given.items()}
+    for name, t in out.items():
+        require_shape(name, t, shapes[name][0], shapes[name][1])
+    if out:
+        require_same_dtype(out)
+    require_same_device({**out, "response_mask": mask})
+    if nonempty:
+        require_nonempty_rows("response_mask", mask)
+    if right_padded:
+        require_right_padded(mask)
+    for name, t in out.items():
+        require_finite_where(name, t, mask if t.dim() == 2 else None)
+    return mask, out
+
+
+def require_right_padded(mask: torch.Tensor) -> None:
+    """Each row's response tokens form a prefix: no token right after a padding position."""
+    late = torch.nn.functional.pad(mask[:, 1:] & ~mask[:, :-1], (1, 0))
+    if bool(late.any()):
+        raise InputError(
+            "response_mask must be right-padded (each row's tokens a prefix), but it has "
+            f"response tokens after padding at positions {format_positions(late)}"
+        )

@@ -45,52 +45,6 @@ of verl's ``masked_whiten`` and OpenRLHF's REINFORCE++ normalisation)."""
 # --------------------------------------------------------------------------- validation
 
 
-def _validated(
-    response_mask: object,
-    *,
-    tokens: dict[str, object | None],
-    rows: dict[str, object | None] | None = None,
-    optional: tuple[str, ...] = (),
-    nonempty: bool = True,
-    right_padded: bool = False,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Validate a ``[B, T]`` bool mask with float ``[B, T]`` (``tokens``) and ``[B]``
-    (``rows``) tensors; names in ``optional`` may be ``None`` and are then left out.
-    Structural checks first, then values: finite at response positions (``[B, T]``) or
-    everywhere (``[B]``)."""
-    mask = v.require_bool_mask("response_mask", response_mask)
-    if mask.dim() != 2:
-        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
-    shapes = {name: (tuple(mask.shape), "[B, T] like response_mask") for name in tokens}
-    shapes |= {name: (tuple(mask.shape[:1]), "[B]") for name in rows or {}}
-    given = {
-        k: x for k, x in {**tokens, **(rows or {})}.items() if k not in optional or x is not None
-    }
-    out = {name: v.require_float_tensor(name, x) for name, x in given.items()}
-    for name, t in out.items():
-        v.require_shape(name, t, shapes[name][0], shapes[name][1])
-    if out:
-        v.require_same_dtype(out)
-    v.require_same_device({**out, "response_mask": mask})
-    if nonempty:
-        v.require_nonempty_rows("response_mask", mask)
-    if right_padded:
-        _require_right_padded(mask)
-    for name, t in out.items():
-        v.require_finite_where(name, t, mask if t.dim() == 2 else None)
-    return mask, out
-
-
-def _require_right_padded(mask: torch.Tensor) -> None:
-    """Each row's response tokens form a prefix: no token right after a padding position."""
-    late = torch.nn.functional.pad(mask[:, 1:] & ~mask[:, :-1], (1, 0))
-    if bool(late.any()):
-        raise InputError(
-            "response_mask must be right-padded (each row's tokens a prefix), but it has "
-            f"response tokens after padding at positions {v.format_positions(late)}"
-        )
-
-
 def _some_reward(t: dict[str, torch.Tensor]) -> None:
     if "rewards" not in t and "token_rewards" not in t:
         raise InputError("pass rewards ([B]), token_rewards ([B, T]) or both")
@@ -259,7 +213,7 @@ def token_level_rewards(
     at row ``b``'s last response token (the outcome-reward convention of InstructGPT,
     arXiv:2203.02155, and REINFORCE++, arXiv:2501.03262). At least one must be given;
     zero at padding."""
-    mask, t = _validated(
+    mask, t = v.require_token_inputs(
         response_mask,
         tokens={"token_rewards": token_rewards},
         rows={"rewards": rewards},
@@ -304,7 +258,9 @@ def discounted_returns(
     tokens, ``[B, T]``, zero at padding (REINFORCE, Williams 1992; the REINFORCE++ return,
     arXiv:2501.03262). ``response_mask`` must be right-padded."""
     g = _unit(gamma, "gamma")
-    mask, t = _validated(response_mask, tokens={"token_rewards": token_rewards}, right_padded=True)
+    mask, t = v.require_token_inputs(
+        response_mask, tokens={"token_rewards": token_rewards}, right_padded=True
+    )
     return _reverse_discounted_sum(torch.where(mask, t["token_rewards"], 0.0), g)
 
 
@@ -323,7 +279,7 @@ def whiten(
     shift = _flag(shift_mean, "shift_mean")
     bessel = _flag(unbiased, "unbiased")
     e = _nonnegative(eps, "eps")
-    mask, t = _validated(response_mask, tokens={"x": x}, nonempty=False)
+    mask, t = v.require_token_inputs(response_mask, tokens={"x": x}, nonempty=False)
     return _whiten(t["x"], mask, shift=shift, unbiased=bessel, eps=e)
 
 
@@ -368,7 +324,7 @@ def reinforce_pp_advantages(
     """
     g = _unit(gamma, "gamma")
     unbiased = _flag(unbiased_std, "unbiased_std")
-    mask, t = _validated(
+    mask, t = v.require_token_inputs(
         response_mask,
         tokens={"token_rewards": token_rewards},
         rows={"rewards": rewards},
@@ -431,7 +387,7 @@ def gae(
     """
     g = _unit(gamma, "gamma")
     lm = _unit(lam, "lam")
-    mask, t = _validated(
+    mask, t = v.require_token_inputs(
         response_mask, tokens={"token_rewards": token_rewards, "values": values}, right_padded=True
     )
     r = torch.where(mask, t["token_rewards"], 0.0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import _validate as v
-from .advantages import _REWARDS, _some_reward, _token_level, _validated
+from .advantages import _REWARDS, _some_reward, _token_level
 from .config import KLEstimator, _enum, _real
 from .errors import ConfigError, InputError, NumericalError
 
@@ -38,7 +38,7 @@ def _kl_inputs(
     logprobs: object, ref_logprobs: object, response_mask: object
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Validated inputs; rows without tokens are allowed (they are all padding)."""
-    return _validated(
+    return v.require_token_inputs(
         response_mask, tokens={"logprobs": logprobs, "ref_logprobs": ref_logprobs}, nonempty=False
     )
 
@@ -121,7 +121,7 @@ def kl_penalized_rewards(
     beta = _real(coef, "coef")
     if beta < 0.0:
         raise ConfigError(f"coef must be >= 0, got {beta}")
-    mask, t = _validated(
+    mask, t = v.require_token_inputs(
         response_mask,
         tokens={"logprobs": logprobs, "ref_logprobs": ref_logprobs, "token_rewards": token_rewards},
         rows={"rewards": rewards},

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import _validated
+from . import _validate as v
 from .aggregate import aggregate
 from .config import Aggregation, _real
 from .errors import ConfigError
@@ -40,7 +40,7 @@ def value_loss_per_token(
     whenever the clipped term is the larger.
     """
     c = _clip_range(clip_range)
-    mask, t = _validated(
+    mask, t = v.require_token_inputs(
         response_mask, tokens={"values": values, "old_values": old_values, "returns": returns}
     )
     val, old, ret = (torch.where(mask, t[k], 0.0) for k in ("values", "old_values", "returns"))
