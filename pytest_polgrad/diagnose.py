@@ -31,7 +31,7 @@ from .oracle import Oracle
 from .target import FunctionUnderTest, Verdict
 from .tolerance import Tolerance
 
-__all__ = ["Match", "describe_config", "diagnose"]
+__all__ = ["Match", "describe_config", "diagnose", "holds_on"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +171,24 @@ def diagnose(
         key=lambda m: m.error,
     )
     return ranked[:top]
+
+
+def holds_on(
+    match: Match,
+    fut: FunctionUnderTest,
+    batch: Mapping[str, torch.Tensor],
+    tolerance: Tolerance,
+) -> bool:
+    """Whether ``fut`` still matches ``match`` on one more batch (e.g. the failing one)."""
+    cfg = match.config
+    if match.padded_width_budget:
+        cfg = cfg.replace(budget=batch["response_mask"].shape[1])
+    try:
+        ev = fut.call(batch)
+    except Verdict:
+        return False
+    assert ev.grad is not None
+    return _error(cfg, batch, float(ev.loss), ev.grad.to(torch.float64), tolerance) <= 1.0
 
 
 def _error(

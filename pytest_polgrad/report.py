@@ -159,6 +159,8 @@ def failure_report(
     diagnosis = summary = ""
     if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
         diagnosis, summary = diagnosis_line(ctx)
+        if batch is not None:
+            diagnosis = diagnosis.rstrip(".") + "." + _on_failing_batch(ctx, batch.as_kwargs())
         out += ["", "  diagnosis  " + textwrap.fill(diagnosis, 88, subsequent_indent=" " * 13)]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
@@ -173,13 +175,33 @@ def failure_report(
 
 
 _DIAGNOSES: dict[tuple[Any, ...], tuple[str, str]] = {}
+_BEST: dict[tuple[Any, ...], Any] = {}
+
+
+def _key(ctx: Context) -> tuple[Any, ...]:
+    return (ctx.fut.fn, repr(ctx.options), ctx.config, ctx.tolerance)
+
+
+def _on_failing_batch(ctx: Context, batch: Any) -> str:
+    """A sentence when the corpus match does not hold on the failing batch: the deviation
+    then depends on the batch (its lengths, width or values), not on the semantics."""
+    from .diagnose import holds_on
+
+    best = _BEST.get(_key(ctx))
+    if best is None or holds_on(best, ctx.fut, batch, ctx.tolerance):
+        return ""
+    mask = batch["response_mask"]
+    return (
+        f" That match does not hold on the failing batch (B={mask.shape[0]}, "
+        f"T={mask.shape[1]}): the deviation depends on the batch's lengths, width or values."
+    )
 
 
 def diagnosis_line(ctx: Context) -> tuple[str, str]:
     """``(sentence, summary)``: 'this function matches X — name; the reference is Y' and
     the short form for the summary table (cached per function: every failing check of one
     function shares it)."""
-    key = (ctx.fut.fn, repr(ctx.options), ctx.config, ctx.tolerance)
+    key = _key(ctx)
     if key not in _DIAGNOSES:
         _DIAGNOSES[key] = _diagnosis(ctx)
     return _DIAGNOSES[key]
@@ -195,6 +217,7 @@ def _diagnosis(ctx: Context) -> tuple[str, str]:
         return f"not diagnosed ({exc}); {wanted}", "not diagnosed"
     best = [m for m in matches if m.matches]
     if best:
+        _BEST[_key(ctx)] = best[0]
         found = "; or ".join(m.describe() for m in best)
         return (
             f"on the canonical corpus this function matches {found} (within tolerance); {wanted}",

@@ -267,3 +267,22 @@ def test_padding_nan_option() -> None:
     nan = _run(_multiplies_by_mask, check="padding-values", padding_nan=True)
     assert not nan.passed and "the function returned nan for a valid batch" in nan.report
     assert _run(dapo, check="padding-values", padding_nan=True).passed  # masks with where
+
+
+def test_diagnosis_notices_a_batch_dependent_deviation() -> None:
+    """A loss correct on short rows but truncating past 64 tokens: the corpus match is
+    reported together with the fact that it fails on the (long) failing batch."""
+
+    def truncating(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        cut = slice(None), slice(0, 64)
+        return dapo(logprobs[cut], old_logprobs[cut], advantages, response_mask[cut])
+
+    ctx = build_context(truncating, parse_marker(("dapo",), {}))
+    result = run_check(ctx, "value", max_examples=100, base_seed=0)
+    assert not result.passed
+    assert "matches token-mean, token ratio, pg_clip eps 0.2/0.28, no KL term — dapo" in (
+        result.diagnosis
+    )
+    assert "does not hold on the failing batch (B=1, T=65)" in result.diagnosis
