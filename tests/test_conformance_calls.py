@@ -286,3 +286,18 @@ def test_diagnosis_notices_a_batch_dependent_deviation() -> None:
         result.diagnosis
     )
     assert "does not hold on the failing batch (B=1, T=65)" in result.diagnosis
+
+
+def test_reference_as_a_config_and_the_tolerance_multiplier() -> None:
+    from polgrad_reference import ClipConfig, PolicyLossConfig
+
+    config = PolicyLossConfig(clip=ClipConfig(0.2, 0.28), aggregation="token-mean")
+    opts = parse_marker((config,), {})
+    assert opts.reference_id == "custom"
+    assert run_check(build_context(dapo, opts), "value", max_examples=30, base_seed=0).passed
+
+    def off_by_1e3(**kw: Tensor) -> Tensor:
+        return dapo(**kw) * (1 + 1e-3)
+
+    assert not _run(off_by_1e3).passed
+    assert _run(off_by_1e3, tolerance=1e6).passed
