@@ -233,31 +233,31 @@ def pytest_pycollect_makeitem(
                 "give one of them id='...'"
             )
         seen.add(options.reference_id)
-        checks = applicable_checks(cfg, options)
-        golden = options.checks is None or "golden" in options.checks
-        stray = set(options.expect) - set(checks) - ({"golden"} if golden else set())
-        if stray:
+        running = applicable_checks(cfg, options)
+        if options.checks is None or "golden" in options.checks:
+            running.append("golden")
+        stray = set(options.expect) - set(running)
+        if stray or not running:
             raise collector.CollectError(
                 f"{name}: expect= names check(s) {sorted(stray)} that do not run for this "
-                f"reference and options (running: {[*checks, *(['golden'] if golden else [])]})"
+                f"reference and options (running: {running})"
+                if stray
+                else f"{name}: no polgrad check applies ({options.checks=})"
             )
-        items += [
-            PolgradItem.from_parent(
-                collector,
-                name=f"{name}[{options.reference_id}-{check}]",
-                fn=obj,
-                options=options,
-                check=check,
-            )
-            for check in checks
-        ]
-        if golden:
-            items.append(_golden_item(collector, name, obj, options))
-            checks.append("golden")
-        if not checks:
-            raise collector.CollectError(f"{name}: no polgrad check applies ({options.checks=})")
-        for item, check in zip(items[-len(checks) :], checks, strict=True):
+        for check in running:
+            item: pytest.Item
+            if check == "golden":
+                item = _golden_item(collector, name, obj, options)
+            else:
+                item = PolgradItem.from_parent(
+                    collector,
+                    name=f"{name}[{options.reference_id}-{check}]",
+                    fn=obj,
+                    options=options,
+                    check=check,
+                )
             item.user_properties.append(_provisional(obj, options.reference_id, check))
+            items.append(item)
     for item in items:
         for other in getattr(obj, "pytestmark", []):
             if getattr(other, "name", None) != MARKER:
