@@ -19,6 +19,7 @@ __all__ = [
     "require_finite_where",
     "require_float_tensor",
     "require_nonempty_rows",
+    "require_response_mask",
     "require_right_padded",
     "require_same_device",
     "require_same_dtype",
@@ -98,6 +99,21 @@ def require_same_device(tensors: dict[str, torch.Tensor]) -> torch.device:
     return next(iter(devices.values()))
 
 
+def require_response_mask(
+    value: object, *, sized: bool = True, nonempty: bool = True
+) -> torch.Tensor:
+    """A 2-D ``[B, T]`` bool ``response_mask``; with ``sized``, ``B, T >= 1``; with
+    ``nonempty``, at least one response token per row (this check reads the data)."""
+    mask = require_bool_mask("response_mask", value)
+    if mask.dim() != 2:
+        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
+    if sized and (mask.shape[0] == 0 or mask.shape[1] == 0):
+        raise InputError(f"response_mask must have B >= 1 and T >= 1, got shape {list(mask.shape)}")
+    if nonempty:
+        require_nonempty_rows("response_mask", mask)
+    return mask
+
+
 def require_nonempty_rows(name: str, mask: torch.Tensor) -> None:
     """Every row of a ``[B, T]`` mask holds at least one response token."""
     if mask.shape[0] == 0 or mask.shape[1] == 0:
@@ -135,9 +151,7 @@ def require_token_inputs(
     (``rows``) tensors; names in ``optional`` may be ``None`` and are then left out.
     Structural checks first, then values: finite at response positions (``[B, T]``) or
     everywhere (``[B]``)."""
-    mask = require_bool_mask("response_mask", response_mask)
-    if mask.dim() != 2:
-        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
+    mask = require_response_mask(response_mask, sized=False, nonempty=False)
     shapes = {name: (tuple(mask.shape), "[B, T] like response_mask") for name in tokens}
     shapes |= {name: (tuple(mask.shape[:1]), "[B]") for name in rows or {}}
     given = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import require_bool_mask, require_nonempty_rows, require_shape, require_tensor
+from ._validate import require_response_mask, require_shape, require_tensor
 from .config import Aggregation, MicroBatchScaling, _enum, _positive_int
 from .errors import ConfigError, InputError
 
@@ -65,10 +65,7 @@ def token_weights(
 
     and ``0`` at padding.
     """
-    mask = require_bool_mask("response_mask", response_mask)
-    if mask.dim() != 2:
-        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
-    require_nonempty_rows("response_mask", mask)
+    mask = require_response_mask(response_mask)
     if not dtype.is_floating_point:
         raise ConfigError(f"dtype must be a floating-point dtype, got {dtype}")
     mode = _enum(Aggregation, mode, "mode")
@@ -118,10 +115,7 @@ def microbatch_token_weights(
     token-sum (sum scaling) and for seq-mean / token-sum-norm with equal chunks (mean
     scaling); token-mean differs whenever chunks hold different token counts.
     """
-    mask = require_bool_mask("response_mask", response_mask)
-    if mask.dim() != 2:
-        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
-    require_nonempty_rows("response_mask", mask)
+    mask = require_response_mask(response_mask)
     size = _positive_int(micro_batch_size, "micro_batch_size")
     mode = _enum(Aggregation, mode, "mode")
     scaling = _enum(MicroBatchScaling, scaling, "scaling")

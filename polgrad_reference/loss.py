@@ -70,11 +70,7 @@ def _check_inputs(
     """Metadata-only checks: types, dtypes, devices, shapes, required optional tensors."""
     if not isinstance(cfg, PolicyLossConfig):
         raise ConfigError(f"cfg must be a PolicyLossConfig, got {type(cfg).__name__}")
-    mask = v.require_bool_mask("response_mask", response_mask)
-    if mask.dim() != 2:
-        raise InputError(f"response_mask must be 2-D [B, T], got shape {list(mask.shape)}")
-    if mask.shape[0] == 0 or mask.shape[1] == 0:
-        raise InputError(f"response_mask must have B >= 1 and T >= 1, got shape {list(mask.shape)}")
+    mask = v.require_response_mask(response_mask, nonempty=False)  # rows: after computing
     floats = {
         "logprobs": v.require_float_tensor("logprobs", logprobs),
         "old_logprobs": v.require_float_tensor("old_logprobs", old_logprobs),

@@ -104,6 +104,11 @@ def _require_finite_loss(ev: Evaluation) -> None:
         raise Verdict(f"the function returned {ev.loss.item()} for a valid batch")
 
 
+def _first_positions(where: torch.Tensor, k: int = 4) -> list[tuple[int, ...]]:
+    """The first ``k`` indices where ``where`` is true, as tuples (for report tables)."""
+    return [tuple(p) for p in where.nonzero()[:k].tolist()]
+
+
 def _worst_entries(
     ratios: torch.Tensor, expected: torch.Tensor, actual: torch.Tensor, k: int = 4
 ) -> list[tuple[tuple[int, ...], float, float]]:
@@ -168,7 +173,7 @@ def check_masked_positions(ctx: Context, batch: Batch) -> float:
     pad = ~batch["response_mask"]
     bad = pad & (ev.grad != 0)
     if bool(bad.any()):
-        pos = [tuple(p) for p in bad.nonzero().tolist()][:4]
+        pos = _first_positions(bad)
         raise CheckFailure(
             f"the gradient is not exactly zero at {int(bad.sum())} padding position(s)",
             entries=[(p, 0.0, float(ev.grad[p])) for p in pos],
@@ -262,7 +267,7 @@ def check_inputs_unchanged(ctx: Context, batch: Batch) -> float:
             raise CheckFailure(f"the function resized or re-typed its input {name} in place")
         changed = ~_bitwise_equal(after, before)
         if bool(changed.any()):
-            pos = [tuple(p) for p in changed.nonzero().tolist()][:4]
+            pos = _first_positions(changed)
             raise CheckFailure(
                 f"the function modified its input {name} in place at {int(changed.sum())} "
                 f"position(s) (layout {ctx.options.layout!r})",
@@ -281,7 +286,7 @@ def check_deterministic(ctx: Context, batch: Batch) -> float:
         )
     diff = ~_bitwise_equal(a.grad, b.grad)
     if bool(diff.any()):
-        pos = [tuple(p) for p in diff.nonzero().tolist()][:4]
+        pos = _first_positions(diff)
         raise CheckFailure(
             "two calls on the same batch give different gradients",
             entries=[(p, float(a.grad[p]), float(b.grad[p])) for p in pos],
@@ -299,7 +304,7 @@ def check_extreme_finite(ctx: Context, batch: Batch) -> float:
         )
     bad = ~torch.isfinite(ev.grad)
     if bool(bad.any()):
-        pos = [tuple(p) for p in bad.nonzero().tolist()][:4]
+        pos = _first_positions(bad)
         raise CheckFailure(
             f"the gradient is non-finite at {int(bad.sum())} position(s) on valid input",
             numbers=[(f"d loss / d logprobs{p}", "finite", str(float(ev.grad[p]))) for p in pos],

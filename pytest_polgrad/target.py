@@ -107,27 +107,16 @@ class FunctionUnderTest:
     def takes_ref(self) -> bool:
         return "ref_logprobs" in self.takes
 
-    def call_signature(self) -> str:
-        """How the snippet calls the function: ``fn(logprobs=logprobs, ...)``."""
-        args = ", ".join(f"{n}={n}" for n in self.takes)
-        return f"{self.fn.__name__}({args})"
-
     def _layout_inputs(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         layout = self.options.layout
         mask = batch["response_mask"]
-        out: dict[str, torch.Tensor] = {}
-        extents = row_extents(mask) if layout != "right" else mask.new_zeros(0)
-        for name in self.takes:
-            if name == "cu_seqlens":
-                continue
-            if name not in batch:
-                continue
-            t = batch[name].detach().clone()
-            if t.dim() == 2 and layout == "left":
-                t = right_to_left(t, extents)
-            elif t.dim() == 2 and layout == "packed":
-                t = pack(t, extents)[0]
-            out[name] = t
+        out = {n: batch[n].detach().clone() for n in self.takes if n in batch}
+        if layout == "right":
+            return out
+        extents = row_extents(mask)
+        for name, t in out.items():
+            if t.dim() == 2:  # token tensors move; [B] advantages stay as they are
+                out[name] = right_to_left(t, extents) if layout == "left" else pack(t, extents)[0]
         if layout == "packed" and "cu_seqlens" in self.takes:
             out["cu_seqlens"] = pack(mask, extents)[1]
         return out

@@ -10,6 +10,10 @@ import torch
 Tensor = torch.Tensor
 
 
+def _token_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
+    return torch.where(response_mask, per_token, 0.0).sum() / response_mask.sum()
+
+
 def _ppo_per_token(
     lp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, lo: float, hi: float
 ) -> Tensor:
@@ -23,7 +27,7 @@ def dapo(
 ) -> Tensor:
     """Correct DAPO: token-mean, clip 0.2 / 0.28."""
     per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.28)
-    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+    return _token_mean(per, response_mask)
 
 
 def grpo_no_kl(
@@ -59,7 +63,7 @@ def dapo_wrong_eps(
 ) -> Tensor:
     """value: clip-high 0.2 instead of 0.28."""
     per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
-    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+    return _token_mean(per, response_mask)
 
 
 def cispo_no_stop_gradient(
@@ -121,7 +125,7 @@ def dapo_ratio_of_probs(
     ratio = torch.where(response_mask, torch.exp(logprobs) / torch.exp(old_logprobs), 1.0)
     a = advantages[:, None]
     per = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.28))
-    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+    return _token_mean(per, response_mask)
 
 
 def grpo_token_mean(
@@ -129,4 +133,4 @@ def grpo_token_mean(
 ) -> Tensor:
     """micro-batch (and value): token-mean where GRPO means per sequence first."""
     per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
-    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+    return _token_mean(per, response_mask)
