@@ -1,0 +1,153 @@
+"""Kinds of conformance target: one module per kind, registered in :data:`KINDS`.
+
+A *kind* is everything the kit needs to check one sort of function (policy loss,
+training step, advantages, KL, aggregation, value loss, entropy):
+
+- its calling convention (which keyword tensors the function takes, what it returns),
+- the reference it is compared with (``resolve``: marker reference + overrides -> config),
+- its named checks, in report order (``checks``),
+- how inputs are drawn (``strategy``: a Hypothesis strategy of :class:`Inputs`) and the
+  canonical inputs every check runs first, before any drawn one (``corpus``),
+- its diagnosis (``diagnose``: which registered semantics the function computes instead),
+- its standalone reproduction snippet and its golden data.
+
+The engine (:mod:`pytest_polgrad.engine`) is kind-agnostic: it builds the context, runs the
+corpus then a shared pool of drawn inputs through each check, searches and shrinks with
+Hypothesis only when something fails, and formats the report. Adding a kind is adding one
+module that defines a :class:`Kind` and one line in :data:`KINDS`.
+
+This module imports neither torch nor Hypothesis at import time (the plugin loads it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from hypothesis.strategies import SearchStrategy
+
+    from ..options import ConformanceOptions
+
+__all__ = ["KINDS", "Diagnosis", "Inputs", "Kind", "KindCheck", "KindContext", "get_kind"]
+
+
+class Inputs(Protocol):
+    """One drawn (or canonical) input of a kind: the tensors, and Python that rebuilds them."""
+
+    def as_kwargs(self) -> dict[str, torch.Tensor]:
+        """The tensors by parameter name, canonical layout."""
+        ...
+
+    def to_snippet(self) -> str:
+        """Standalone Python (``import torch`` + literal tensors) that rebuilds them."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the report, e.g. ``B=3, T=5, response lengths [1, 5, 2]``."""
+        ...
+
+
+class KindContext(Protocol):
+    """What a kind's checks receive: the function, its reference, the tolerance model, and
+    the running record of the worst error (in tolerances) and notes for the report."""
+
+    name: str
+    """The function's name as pytest collected it (used in reports and snippets)."""
+    options: ConformanceOptions
+    worst: float
+    notes: set[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class KindCheck:
+    """One named property of a kind. ``run(ctx, inputs)`` returns the worst error it saw
+    (in units of tolerance, ``<= 1``) or raises ``CheckFailure`` / ``Verdict``.
+    ``domain`` names the input domain the strategy draws for it (e.g. ``"semantic"``,
+    ``"extreme"``)."""
+
+    name: str
+    summary: str
+    run: Callable[[Any, Mapping[str, Any]], float]
+    domain: str = "semantic"
+    semantic: bool = True
+    """A failure means 'computes other semantics', so a diagnosis is worth running."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    """What a failing function computes instead: the full sentence and the short form for
+    the summary table (``match == ""`` when nothing registered matches)."""
+
+    text: str
+    match: str
+
+
+class Kind(Protocol):
+    """The contract every kind module satisfies (see the module docstring)."""
+
+    name: str
+    """The marker's ``kind=`` value, e.g. ``"advantages"``."""
+    summary: str
+    """One line: the calling convention, for docs and errors."""
+    override_keys: frozenset[str]
+    """Marker keywords this kind forwards to its reference config."""
+
+    def resolve(self, options: ConformanceOptions) -> Any:
+        """The reference config for the marker (raise ``MarkerError`` naming the problem)."""
+        ...
+
+    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
+        """The checks that apply to this config and options, in report order."""
+        ...
+
+    def context(
+        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
+    ) -> KindContext:
+        """Wire the function, its oracle and the tolerance model (``name``: as collected)."""
+        ...
+
+    def strategy(self, ctx: KindContext, check: KindCheck) -> SearchStrategy[Inputs]:
+        """Inputs for ``check`` (depends on the config and options, never on the function)."""
+        ...
+
+    def corpus(self, ctx: KindContext) -> dict[str, Inputs]:
+        """Canonical inputs every check runs first, by name (deterministic literals)."""
+        ...
+
+    def diagnose(self, ctx: KindContext, inputs: Inputs | None) -> Diagnosis:
+        """Which registered semantics the function matches (on the corpus, and whether
+        that match holds on the failing ``inputs``)."""
+        ...
+
+    def snippet(self, ctx: KindContext, inputs: Inputs, check: KindCheck) -> str:
+        """Standalone Python reproducing what ``check`` compared on ``inputs``."""
+        ...
+
+    def golden(self, ctx: KindContext) -> Any:
+        """The function's outputs on the corpus with their tolerances (a snapshot value)."""
+        ...
+
+
+KINDS: Mapping[str, str] = {
+    "policy_loss": "pytest_polgrad.targets.policy_loss",
+    "training_step": "pytest_polgrad.targets.training_step",
+    "advantages": "pytest_polgrad.targets.advantages",
+    "kl": "pytest_polgrad.targets.kl",
+    "aggregation": "pytest_polgrad.targets.aggregation",
+    "value_loss": "pytest_polgrad.targets.value_loss",
+    "entropy": "pytest_polgrad.targets.entropy",
+}
+"""Kind name -> module defining ``KIND`` (imported on first use)."""
+
+
+def get_kind(name: str) -> Kind:
+    """The :class:`Kind` registered under ``name``; ``ValueError`` listing the kinds."""
+    if name not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {name!r}")
+    module = importlib.import_module(KINDS[name])
+    kind: Kind = module.KIND
+    return kind
