@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+import math
+import re
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
+
+from .targets import KINDS
 
 __all__ = [
     "ADVANTAGE_SHAPES",
     "CHECK_NAMES",
     "DTYPES",
     "LAYOUTS",
+    "MAX_TOLERANCE",
     "PROFILES",
     "ConformanceOptions",
     "MarkerError",
+    "did_you_mean",
+    "override_keys",
     "parse_marker",
+    "validate_check_names",
 ]
 
 CHECK_NAMES = (
@@ -39,6 +48,10 @@ PROFILES: Mapping[str, int] = MappingProxyType({"quick": 20, "default": 100, "th
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 LAYOUTS = ("right", "left", "packed")
 ADVANTAGE_SHAPES = ("sequence", "token")
+MAX_TOLERANCE = 1e6
+"""Largest ``tolerance=`` multiplier: beyond it a check could no longer tell a loss from a
+loss several times larger (the default tolerance is already a few hundred ulps)."""
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 # Loss/clip fields accepted directly on the marker and forwarded to AlgorithmSpec.derive.
 _OVERRIDE_KEYS = frozenset(
@@ -61,6 +74,14 @@ class MarkerError(ValueError):
     """A ``polgrad_conforms`` marker or option was given an invalid value."""
 
 
+def did_you_mean(name: object, choices: Iterable[str]) -> str:
+    """``" (did you mean 'grpo'?)"`` for the closest of ``choices`` (difflib), else ``""``."""
+    if not isinstance(name, str):
+        return ""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class ConformanceOptions:
     """How one marked function is checked. Every field has a marker keyword of its name.
@@ -72,7 +93,13 @@ class ConformanceOptions:
     ``tolerance`` multiplies the default tolerance; ``strict`` flags anything beyond
     float64 rounding; ``expect`` maps a check to the reason it is known to fail;
     ``checks`` restricts the generated items; ``padding_nan`` puts NaN (not just finite
-    garbage) at padding; ``max_batch`` / ``max_length`` bound the drawn batches.
+    garbage) at padding; ``max_batch`` / ``max_length`` bound the drawn batches; ``kind``
+    names the kind of target (``pytest_polgrad.targets.KINDS``); ``holes`` draws masks
+    with holes inside a response (multi-turn); ``device`` runs the function on ``"cpu"``
+    or ``"cuda"``/``"cuda:N"`` tensors (the oracle stays on CPU in float64).
+
+    Check names in ``expect``/``checks`` are validated here for the policy-loss kind;
+    for other kinds the plugin validates them at collection against the kind's checks.
     """
 
     reference: object
@@ -85,28 +112,55 @@ class ConformanceOptions:
     strict: bool = False
     max_examples: int | None = None
     expect: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """check -> reason; given as ``"reason"`` or ``("reason", max_error)`` (the bound is
+    moved to :attr:`expect_bounds`, so ``expect`` always maps to the reason string)."""
     checks: tuple[str, ...] | None = None
     padding_nan: bool = False
     max_batch: int = 8
     max_length: int = 256
     id: str | None = None
+    kind: str = "policy_loss"
+    holes: bool = False
+    device: str = "cpu"
+    expect_bounds: Mapping[str, float] = dataclasses.field(
+        default_factory=dict, init=False, compare=False
+    )
+    """check -> the largest deviation (in tolerances, on the canonical corpus) the
+    declaration excuses; from ``expect={"value": ("reason", max_error)}``."""
 
     def __post_init__(self) -> None:
         ref = self.reference
-        if not isinstance(ref, str) and type(ref).__name__ != "PolicyLossConfig":
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
+            raise MarkerError(
+                f"kind must be one of {', '.join(map(repr, KINDS))}, got {self.kind!r}"
+                + did_you_mean(self.kind, KINDS)
+            )
+        policy = self.kind == "policy_loss"
+        if policy and not isinstance(ref, str) and type(ref).__name__ != "PolicyLossConfig":
             raise MarkerError(
                 f"reference must be a registry name (str) or a PolicyLossConfig, got {ref!r}"
             )
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         _one_of("advantages", self.advantages, ADVANTAGE_SHAPES)
         _one_of("layout", self.layout, LAYOUTS)
         _one_of("dtype", self.dtype, DTYPES)
         if self.loss is not None and not isinstance(self.loss, (str, int)):
             raise MarkerError(f"loss must be a key (str) or index (int), got {self.loss!r}")
         tol = self.tolerance
-        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not tol > 0:
-            raise MarkerError(f"tolerance must be a positive multiplier, got {tol!r}")
-        if not isinstance(self.strict, bool) or not isinstance(self.padding_nan, bool):
-            raise MarkerError("strict and padding_nan must be bools")
+        if (
+            isinstance(tol, bool)
+            or not isinstance(tol, (int, float))
+            or not math.isfinite(tol)
+            or not 0 < tol <= MAX_TOLERANCE
+        ):
+            raise MarkerError(
+                f"tolerance must be a multiplier in (0, {MAX_TOLERANCE:g}] of the default "
+                f"tolerance (a larger one cannot tell a loss from a multiple of it), got {tol!r}"
+            )
+        for flag in ("strict", "padding_nan", "holes"):
+            if not isinstance(getattr(self, flag), bool):
+                raise MarkerError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         n = self.max_examples
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise MarkerError(f"max_examples must be a positive int, got {n!r}")
@@ -116,19 +170,35 @@ class ConformanceOptions:
                 raise MarkerError(f"{name} must be a positive int, got {v!r}")
         if not isinstance(self.expect, Mapping):
             raise MarkerError(f"expect must be a dict {{check: reason}}, got {self.expect!r}")
-        for check, reason in self.expect.items():
-            _known_check("expect", check)
-            if not isinstance(reason, str) or not reason.strip():
-                raise MarkerError(f"expect[{check!r}] must be a non-empty reason string")
+        reasons: dict[str, str] = {}
+        bounds: dict[str, float] = {}
+        for check, declared in self.expect.items():
+            if policy:
+                _known_check("expect", check)
+            reason, bound = _declaration(check, declared)
+            reasons[check] = reason
+            if bound is not None:
+                bounds[check] = bound
+        object.__setattr__(self, "expect", reasons)
+        object.__setattr__(self, "expect_bounds", MappingProxyType(bounds))
         if self.checks is not None:
-            object.__setattr__(self, "checks", tuple(self.checks))
-            for check in self.checks:
-                _known_check("checks", check)
-        unknown = set(self.overrides) - _OVERRIDE_KEYS
-        if unknown:
-            raise MarkerError(
-                f"unknown override(s) {sorted(unknown)}; allowed: {sorted(_OVERRIDE_KEYS)}"
-            )
+            checks = self.checks
+            if isinstance(checks, str):
+                checks = (checks,)  # checks="value" is one check, not five characters
+            elif not isinstance(checks, Iterable):
+                raise MarkerError(f"checks must be a check name or a tuple of them, got {checks!r}")
+            object.__setattr__(self, "checks", tuple(checks))
+            for check in self.checks or ():
+                if policy or not isinstance(check, str):
+                    _known_check("checks", check)
+        if policy:
+            unknown = set(self.overrides) - _OVERRIDE_KEYS
+            if unknown:
+                raise MarkerError(
+                    f"unknown override(s) {sorted(unknown)}"
+                    + did_you_mean(min(unknown), _OVERRIDE_KEYS)
+                    + f"; allowed: {sorted(_OVERRIDE_KEYS)}"
+                )
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
         object.__setattr__(self, "expect", MappingProxyType(dict(self.expect)))
 
@@ -141,17 +211,69 @@ class ConformanceOptions:
         return self.reference if isinstance(self.reference, str) else "custom"
 
 
+def _declaration(check: object, declared: object) -> tuple[str, float | None]:
+    """``"reason"`` or ``("reason", max_error)`` -> (reason, bound or None)."""
+    reason, bound = declared, None
+    if isinstance(declared, tuple):
+        if len(declared) != 2:
+            raise MarkerError(
+                f"expect[{check!r}] must be 'reason' or ('reason', max_error), got {declared!r}"
+            )
+        reason, bound = declared
+        if (
+            isinstance(bound, bool)
+            or not isinstance(bound, (int, float))
+            or not math.isfinite(bound)
+            or not 0 < bound <= MAX_TOLERANCE
+        ):
+            raise MarkerError(
+                f"expect[{check!r}] max_error must be a number of tolerances in "
+                f"(0, {MAX_TOLERANCE:g}], got {bound!r}"
+            )
+    if not isinstance(reason, str) or not reason.strip():
+        raise MarkerError(f"expect[{check!r}] must be a non-empty reason string, got {reason!r}")
+    return reason, None if bound is None else float(bound)
+
+
 def _one_of(field: str, value: object, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise MarkerError(f"{field} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-
-
-def _known_check(field: str, check: object) -> None:
-    if check not in (*CHECK_NAMES, "golden"):
         raise MarkerError(
-            f"{field} names unknown check {check!r}; checks are: "
-            f"{', '.join((*CHECK_NAMES, 'golden'))}"
+            f"{field} must be one of {', '.join(map(repr, allowed))}, got {value!r}"
+            + did_you_mean(value, allowed)
         )
+
+
+def _known_check(
+    field: str, check: object, known: Iterable[str] = (*CHECK_NAMES, "golden")
+) -> None:
+    names = tuple(known)
+    if check not in names:
+        raise MarkerError(
+            f"{field} names unknown check {check!r}{did_you_mean(check, names)}; checks are: "
+            f"{', '.join(names)}"
+        )
+
+
+def validate_check_names(options: ConformanceOptions, known: Iterable[str]) -> None:
+    """``expect=``/``checks=`` against the checks a kind defines (collection time)."""
+    names = tuple(known)
+    for check in options.expect:
+        _known_check("expect", check, names)
+    for check in options.checks or ():
+        _known_check("checks", check, names)
+
+
+def override_keys(kind: str) -> frozenset[str]:
+    """Marker keywords the kind forwards to its reference config (imports the kind's
+    module for kinds other than the policy loss)."""
+    if kind == "policy_loss":
+        return _OVERRIDE_KEYS
+    from .targets import get_kind
+
+    try:
+        return frozenset(get_kind(kind).override_keys)
+    except ImportError as exc:
+        raise MarkerError(f"kind {kind!r} is not available in this installation: {exc}") from exc
 
 
 def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> ConformanceOptions:
@@ -162,14 +284,34 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Conformanc
             f"polgrad_conforms takes exactly one positional argument, the reference "
             f"(e.g. 'grpo'), got {len(args)}"
         )
-    fields = {f.name for f in dataclasses.fields(ConformanceOptions)}
-    direct = {k: v for k, v in kwargs.items() if k in _OVERRIDE_KEYS}
-    rest = {k: v for k, v in kwargs.items() if k not in _OVERRIDE_KEYS}
+    fields = {f.name for f in dataclasses.fields(ConformanceOptions) if f.init}
+    kind = kwargs.get("kind", "policy_loss")
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise MarkerError(
+            f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}"
+            + did_you_mean(kind, KINDS)
+        )
+    keys = override_keys(kind)
+    direct = {k: v for k, v in kwargs.items() if k in keys}
+    rest = {k: v for k, v in kwargs.items() if k not in keys}
     unknown = set(rest) - fields
     if unknown:
         raise MarkerError(
-            f"polgrad_conforms got unknown option(s) {sorted(unknown)}; options are "
-            f"{sorted(fields - {'reference'})} and the loss overrides {sorted(_OVERRIDE_KEYS)}"
+            f"polgrad_conforms got unknown option(s) {sorted(unknown)}"
+            + did_you_mean(min(unknown), (*fields, *keys))
+            + f"; options are {sorted(fields - {'reference'})} and the {kind} overrides "
+            f"{sorted(keys)}"
         )
-    overrides = {**dict(rest.pop("overrides", {}) or {}), **direct}
+    given = rest.pop("overrides", {}) or {}
+    if not isinstance(given, Mapping):
+        raise MarkerError(f"overrides must be a dict {{field: value}}, got {given!r}")
+    overrides = {**dict(given), **direct}
+    if kind != "policy_loss":
+        stray = set(overrides) - keys
+        if stray:
+            raise MarkerError(
+                f"unknown override(s) {sorted(stray)}"
+                + did_you_mean(min(stray), keys)
+                + f"; the {kind} kind accepts: {sorted(keys)}"
+            )
     return ConformanceOptions(reference=args[0], overrides=overrides, **rest)
