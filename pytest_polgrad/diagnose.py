@@ -2,9 +2,17 @@
 
 The function is evaluated on the canonical corpus and compared, within the engine's
 tolerance model, against every point of a candidate space built from the loss algebra:
-ratio kind x surrogate x clip range x aggregation (including token-sum-norm with the
-batch's padded width as budget, a known framework variant) x KL term on/off. Candidates
+ratio kind x surrogate x clip range (each PPO-style clip also with verl's always-on dual
+clip c = 3) x aggregation (including token-sum-norm with the batch's padded width as
+budget, a known framework variant) x KL term, plus every registry entry's own loss. The
+closest candidates are then refined along the KL estimator (k1/k2/k3 and any variant the
+reference offers, e.g. straight-through "k3+") and the rollout IS correction. Candidates
 are ranked by their worst error in units of tolerance; ``<= 1`` is a match.
+
+Value and gradient are scored separately, so "the value matches but the gradient does not"
+(a missing or misplaced stop-gradient) is a diagnosis of its own; and a match that differs
+from the reference only in constants its source leaves unstated is reported as such, with
+the marker line that declares the function's value.
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -20,6 +29,7 @@ from polgrad_reference import (
     ALGORITHMS,
     Aggregation,
     ClipConfig,
+    KLEstimator,
     PolgradError,
     PolicyLossConfig,
     RatioKind,
@@ -31,7 +41,22 @@ from .oracle import Oracle
 from .target import FunctionUnderTest, Verdict
 from .tolerance import Tolerance
 
-__all__ = ["Match", "describe_config", "diagnose", "holds_on"]
+__all__ = [
+    "Explanation",
+    "Match",
+    "describe_config",
+    "diagnose",
+    "explain",
+    "holds_on",
+    "registry_names",
+]
+
+DUAL_CLIP_C = 3.0
+"""The dual-clip constant frameworks apply by default (verl 0.9.1 ``clip_ratio_c``)."""
+_REFINE = 4
+"""How many of the best first-pass candidates are refined along KL and IS variants."""
+_FIT = 40
+"""How many of the best token-sum-norm / KL candidates get a fitted budget / coefficient."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +66,18 @@ class Match:
     config: PolicyLossConfig
     error: float
     padded_width_budget: bool = False
+    value_error: float = math.inf
+    """Worst loss-value error over the corpus, in tolerances."""
+    grad_error: float = math.inf
+    """Worst gradient error over the corpus, in tolerances."""
 
     @property
     def matches(self) -> bool:
         return self.error <= 1.0
+
+    @property
+    def value_matches(self) -> bool:
+        return self.value_error <= 1.0
 
     def describe(self) -> str:
         text = describe_config(self.config)
@@ -94,45 +127,236 @@ def registry_names(cfg: PolicyLossConfig) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------- candidate space
+
+
+def _with_dual(clip: ClipConfig) -> ClipConfig | None:
+    """``clip`` with the always-on dual clip, when that is a valid config."""
+    if clip.dual_clip is not None:
+        return None
+    try:
+        out: ClipConfig = clip.replace(dual_clip=DUAL_CLIP_C)
+    except PolgradError:
+        return None
+    return out
+
+
+def _unique(items: Iterable[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in items:
+        if item is not None and item not in out:
+            out.append(item)
+    return out
+
+
 def _clips(target: PolicyLossConfig) -> list[ClipConfig]:
-    seen: list[ClipConfig] = [target.clip]
-    extra = [spec.loss.clip for spec in ALGORITHMS.values()] + [
+    base = [target.clip] + [spec.loss.clip for spec in ALGORITHMS.values()]
+    base += [
         ClipConfig(0.2, 0.28),
         ClipConfig(0.1, 0.1),
         ClipConfig(0.3, 0.3),
-        ClipConfig(0.2, 0.2, dual_clip=3.0),
-        ClipConfig(0.2, 0.28, dual_clip=3.0),
         ClipConfig(None, 0.2),
         ClipConfig(None, 0.28),
     ]
-    for c in extra:
-        if c not in seen:
-            seen.append(c)
-    return seen
+    return _unique([*base, *(_with_dual(c) for c in base)])
 
 
-def _candidates(
-    target: PolicyLossConfig, width_budget: int
-) -> Iterator[tuple[PolicyLossConfig, bool]]:
-    budgets: list[tuple[int, bool]] = [(width_budget, True)]
-    if target.budget is not None:
-        budgets.insert(0, (target.budget, False))
+def _usable(cfg: PolicyLossConfig, fut: FunctionUnderTest) -> bool:
+    """A candidate needs only the tensors the function receives."""
+    if cfg.kl_in_loss and not fut.takes_ref:
+        return False
+    return cfg.is_correction is None or "rollout_logprobs" in fut.takes
+
+
+def _registry_losses(fut: FunctionUnderTest) -> list[PolicyLossConfig]:
+    out = []
+    for spec in ALGORITHMS.values():
+        loss = spec.loss if spec.loss.kl_in_loss else spec.loss.replace(kl=None)
+        if not _usable(loss, fut) and loss.kl_in_loss:
+            loss = loss.replace(kl=None)
+        if _usable(loss, fut):
+            out.append(loss)
+    return _unique(out)
+
+
+def _replace(cfg: PolicyLossConfig, **changes: Any) -> PolicyLossConfig | None:
+    try:
+        out: PolicyLossConfig = cfg.replace(**changes)
+    except PolgradError:
+        return None
+    return out
+
+
+def _first_pass(target: PolicyLossConfig, fut: FunctionUnderTest) -> Iterator[PolicyLossConfig]:
     kls = [target.kl, None] if target.kl_in_loss else [None]
     for ratio, surr, clip, agg, kl in itertools.product(
         RatioKind, SurrogateKind, _clips(target), Aggregation, kls
     ):
-        if surr in (SurrogateKind.REINFORCE, SurrogateKind.CISPO) and ratio is not RatioKind.TOKEN:
-            continue
         if surr in (SurrogateKind.PG, SurrogateKind.REINFORCE) and clip != target.clip:
             continue  # the clip does not enter these surrogates
-        for budget, padded in budgets if agg is Aggregation.TOKEN_SUM_NORM else [(None, False)]:
-            try:
-                cfg = target.replace(
-                    ratio=ratio, surrogate=surr, clip=clip, aggregation=agg, budget=budget, kl=kl
-                )
-            except PolgradError:
+        if clip.dual_clip is not None and surr is not SurrogateKind.PG_CLIP:
+            continue  # the dual clip bounds the PPO-clip surrogate only
+        budget = target.budget if agg is Aggregation.TOKEN_SUM_NORM else None
+        if agg is Aggregation.TOKEN_SUM_NORM and budget is None:
+            budget = 1  # placeholder, replaced per batch by the padded width
+        cfg = _replace(
+            target, ratio=ratio, surrogate=surr, clip=clip, aggregation=agg, budget=budget, kl=kl
+        )
+        if cfg is not None:
+            yield cfg
+    yield from _registry_losses(fut)
+
+
+def _refinements(cfg: PolicyLossConfig, target: PolicyLossConfig) -> Iterator[PolicyLossConfig]:
+    """KL estimator and rollout-IS variants of one candidate."""
+    if target.kl is not None and target.kl_in_loss:
+        for est in KLEstimator:
+            kl = _replace_kl(target, est)
+            if kl is not None:
+                new = _replace(cfg, kl=kl)
+                if new is not None:
+                    yield new
+    if target.is_correction is not None:
+        for spec in ALGORITHMS.values():
+            corr = spec.loss.is_correction
+            if corr is not None:
+                new = _replace(cfg, is_correction=corr)
+                if new is not None:
+                    yield new
+        none = _replace(cfg, is_correction=None)
+        if none is not None:
+            yield none
+
+
+def _replace_kl(target: PolicyLossConfig, estimator: KLEstimator) -> Any:
+    assert target.kl is not None
+    try:
+        return target.kl.replace(estimator=estimator)
+    except PolgradError:
+        return None
+
+
+def _loss_at(cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor]) -> float:
+    return Oracle(cfg)(batch, kink_eps=0.0, grad=False).loss
+
+
+def _solve(
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    at: Callable[[Mapping[str, torch.Tensor]], tuple[float, float]],
+) -> float | None:
+    """The constant ``c`` with ``observed = a + c * b`` on every corpus batch, where
+    ``at(batch) -> (a, b)``; None when the batches disagree (not a constant)."""
+    values: list[float] = []
+    for name, batch in corpus.items():
+        a, b = at(batch)
+        if abs(b) > 1e-9 * (1.0 + abs(a)):
+            values.append(float((observed[name][0] - a) / b))
+    if not values or not all(math.isfinite(v) for v in values):
+        return None
+    c = values[0]
+    if all(abs(v - c) <= 1e-6 * max(abs(c), 1e-12) for v in values):
+        return c
+    return None
+
+
+def _fitted(
+    cfg: PolicyLossConfig,
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+) -> PolicyLossConfig | None:
+    """``cfg`` with a constant fitted to the observed losses: the token-sum-norm budget
+    (``loss = S / budget``) or the as-loss KL coefficient (``loss = pg + coef * KL``), so
+    that an unpublished constant the function chose is named, not missed."""
+    try:
+        if cfg.aggregation is Aggregation.TOKEN_SUM_NORM and not cfg.kl_in_loss:
+            one = cfg.replace(budget=1)
+            inverse = _solve(corpus, observed, lambda b: (0.0, _loss_at(one, b)))
+            if inverse is None or inverse <= 0:
+                return None
+            budget = round(1.0 / inverse)
+            return _replace(cfg, budget=budget) if budget >= 1 else None
+        if cfg.kl_in_loss and cfg.kl is not None:
+            zero = cfg.replace(kl=cfg.kl.replace(coef=0.0))
+            unit = cfg.replace(kl=cfg.kl.replace(coef=1.0))
+
+            def parts(b: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+                a = _loss_at(zero, b)
+                return a, _loss_at(unit, b) - a
+
+            coef = _solve(corpus, observed, parts)
+            if coef is None or coef <= 0:
+                return None
+            return _replace(cfg, kl=cfg.kl.replace(coef=float(f"{coef:.6g}")))
+    except PolgradError:
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+@dataclasses.dataclass
+class _Score:
+    value: float = 0.0
+    grad: float = 0.0
+
+
+def _observe(
+    fut: FunctionUnderTest, corpus: Mapping[str, Mapping[str, torch.Tensor]]
+) -> dict[str, tuple[float, torch.Tensor]]:
+    observed: dict[str, tuple[float, torch.Tensor]] = {}
+    for name, batch in corpus.items():
+        try:
+            ev = fut.call(batch)
+        except Verdict as exc:
+            raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
+        assert ev.grad is not None
+        observed[name] = (float(ev.loss), ev.grad.to(torch.float64))
+    return observed
+
+
+def _score(
+    cfg: PolicyLossConfig,
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    tolerance: Tolerance,
+    padded: bool,
+) -> _Score:
+    score = _Score()
+    for name, batch in corpus.items():
+        batch_cfg = cfg.replace(budget=batch["response_mask"].shape[1]) if padded else cfg
+        loss, grad = observed[name]
+        v, g = _errors(batch_cfg, batch, loss, grad, tolerance)
+        score.value, score.grad = max(score.value, v), max(score.grad, g)
+        if score.value > 1e6 and score.grad > 1e6:
+            break  # hopeless: no need to look at the rest of the corpus
+    return score
+
+
+def _match(cfg: PolicyLossConfig, score: _Score, padded: bool) -> Match:
+    return Match(cfg, max(score.value, score.grad), padded, score.value, score.grad)
+
+
+def _rank(
+    configs: Iterable[PolicyLossConfig],
+    target: PolicyLossConfig,
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    tolerance: Tolerance,
+    seen: set[tuple[PolicyLossConfig, bool]],
+) -> list[Match]:
+    out = []
+    for cfg in configs:
+        padded_options = [False]
+        if cfg.aggregation is Aggregation.TOKEN_SUM_NORM:
+            padded_options = [True] if cfg.budget == 1 else [False, True]
+        for padded in padded_options:
+            if (cfg, padded) in seen:
                 continue
-            yield cfg, padded
+            seen.add((cfg, padded))
+            out.append(_match(cfg, _score(cfg, corpus, observed, tolerance, padded), padded))
+    return out
 
 
 def diagnose(
@@ -146,31 +370,29 @@ def diagnose(
     :class:`Verdict` when ``fut`` cannot be evaluated on a corpus batch.
 
     Each corpus batch is evaluated separately (a padded-width budget differs per batch);
-    a candidate's error is its worst over batches and over loss and gradient.
+    a candidate's error is its worst over batches and over loss and gradient. ``top <= 0``
+    returns the whole ranking.
     """
+    return _ranking(fut, target, tolerance)[: top if top > 0 else None]
+
+
+def _ranking(fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolerance) -> list[Match]:
     corpus = canonical_corpus(dtype=tolerance.input_dtype, advantages=fut.options.advantages)
-    observed: dict[str, tuple[float, torch.Tensor]] = {}
-    for name, batch in corpus.items():
-        try:
-            ev = fut.call(batch)
-        except Verdict as exc:
-            raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
-        assert ev.grad is not None
-        observed[name] = (float(ev.loss), ev.grad.to(torch.float64))
-    errors: dict[tuple[int, bool], tuple[PolicyLossConfig, float]] = {}
-    for name, batch in corpus.items():
-        width = batch["response_mask"].shape[1]
-        loss, grad = observed[name]
-        for index, (cfg, padded) in enumerate(_candidates(target, width)):
-            err = _error(cfg, batch, loss, grad, tolerance)
-            key = (index, padded)
-            prev = errors.get(key)
-            errors[key] = (prev[0] if prev else cfg, max(err, prev[1] if prev else 0.0))
-    ranked = sorted(
-        (Match(cfg, err, padded) for (_, padded), (cfg, err) in errors.items()),
-        key=lambda m: m.error,
-    )
-    return ranked[:top]
+    observed = _observe(fut, corpus)
+    seen: set[tuple[PolicyLossConfig, bool]] = set()
+    first = _rank(_first_pass(target, fut), target, corpus, observed, tolerance, seen)
+    first.sort(key=lambda m: m.error)
+    refined: list[Match] = []
+    for m in first[:_REFINE]:
+        variants = [c for c in _refinements(m.config, target) if _usable(c, fut)]
+        refined += _rank(variants, target, corpus, observed, tolerance, seen)
+    ranked = sorted([*first, *refined], key=lambda m: m.error)
+    sums = [m for m in ranked if m.config.aggregation is Aggregation.TOKEN_SUM_NORM]
+    kls = [m for m in ranked if m.config.kl_in_loss]
+    best = ranked[:_REFINE] + sums[:_FIT] + kls[:_FIT]
+    fitted = [_fitted(m.config, corpus, observed) for m in best]
+    refined += _rank(_unique(fitted), target, corpus, observed, tolerance, seen)
+    return sorted([*first, *refined], key=lambda m: (m.error, m.value_error))
 
 
 def holds_on(
@@ -188,21 +410,146 @@ def holds_on(
     except Verdict:
         return False
     assert ev.grad is not None
-    return _error(cfg, batch, float(ev.loss), ev.grad.to(torch.float64), tolerance) <= 1.0
+    v, g = _errors(cfg, batch, float(ev.loss), ev.grad.to(torch.float64), tolerance)
+    return max(v, g) <= 1.0
 
 
-def _error(
+def _errors(
     cfg: PolicyLossConfig,
     batch: Mapping[str, torch.Tensor],
     loss: float,
     grad: torch.Tensor,
     tolerance: Tolerance,
-) -> float:
+) -> tuple[float, float]:
+    """``(value error, gradient error)`` of ``cfg`` against the observed loss and gradient."""
     try:
         ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest)
     except PolgradError:
-        return math.inf
+        return math.inf, math.inf
     value = tolerance.value(loss, ref.loss, ref.value_scale, ref.n_tokens).error
     where = batch["response_mask"] & ~ref.ambiguous
     g = tolerance.tensor(grad, ref.grad, ref.grad_scale, where)[0].error
-    return max(value, g)
+    return value, g
+
+
+# ----------------------------------------------------------------------- explanation
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """The diagnosis of one function: the sentence for the report, the short form for the
+    summary table, and the best full match (``None`` when nothing matches)."""
+
+    text: str
+    summary: str
+    best: Match | None
+
+
+_KNOB_KEYWORD = {
+    "clip.eps_low": "eps_low",
+    "clip.eps_high": "eps_high",
+    "clip.dual_clip": "dual_clip",
+    "budget": "budget",
+    "aggregation": "aggregation",
+    "kl.coef": "kl",
+}
+
+
+def _differences(found: PolicyLossConfig, target: PolicyLossConfig) -> dict[str, Any]:
+    """Dotted knob -> the function's value, for every field where ``found`` differs."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(found):
+        a, b = getattr(found, f.name), getattr(target, f.name)
+        if a == b:
+            continue
+        if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+            for g in dataclasses.fields(a):
+                if getattr(a, g.name) != getattr(b, g.name):
+                    out[f"{f.name}.{g.name}"] = getattr(a, g.name)
+        else:
+            out[f.name] = a
+    return out
+
+
+def _covered(knob: str, unstated: set[str]) -> bool:
+    return knob in unstated or knob.split(".")[0] in unstated
+
+
+def _keyword_value(knob: str, found: PolicyLossConfig) -> tuple[str, str]:
+    from .report import config_source
+
+    key = _KNOB_KEYWORD[knob]
+    value: Any = getattr(found, key) if key in ("budget", "aggregation", "kl") else None
+    if knob.startswith("clip."):
+        value = getattr(found.clip, key)
+    return key, config_source(value)
+
+
+def unstated_hint(match: Match, target: PolicyLossConfig, reference: object) -> str:
+    """When ``match`` differs from the registry entry ``reference`` only in knobs its
+    source leaves unstated: say so, name the function's values and print the marker line
+    that declares them. Empty otherwise."""
+    if not isinstance(reference, str) or reference not in ALGORITHMS or match.padded_width_budget:
+        return ""
+    spec = ALGORITHMS[reference]
+    unstated = {u.knob for u in spec.unstated}
+    diff = _differences(match.config, target)
+    if not diff or not all(_covered(k, unstated) and k in _KNOB_KEYWORD for k in diff):
+        return ""
+    notes = {u.knob: u for u in spec.unstated}
+    said = []
+    for knob in diff:
+        u = notes.get(knob) or notes[knob.split(".")[0]]
+        said.append(f"{knob} (registry value {u.value!r}: {u.note})")
+    pairs = dict(_keyword_value(k, match.config) for k in diff)
+    line = ", ".join(f"{k}={v}" for k, v in pairs.items())
+    return (
+        f" The only difference lies in constant(s) the source of {reference!r} does not "
+        f"publish: {'; '.join(said)}. This function uses {line}; declare it with "
+        f'@pytest.mark.polgrad_conforms("{reference}", {line}).'
+    )
+
+
+def explain(
+    fut: FunctionUnderTest,
+    target: PolicyLossConfig,
+    tolerance: Tolerance,
+    *,
+    reference: object,
+    reference_id: str,
+) -> Explanation:
+    """The diagnosis sentence: 'this function matches X — name; the reference is Y', or
+    'the value matches X but the gradient does not', or the closest candidate."""
+    wanted = f"the reference {reference_id!r} is {describe_config(target)}"
+    try:
+        ranking = _ranking(fut, target, tolerance)
+    except Verdict as exc:
+        return Explanation(f"not diagnosed ({exc}); {wanted}", "not diagnosed", None)
+    full = [m for m in ranking if m.matches][:3]
+    if full:
+        found = "; or ".join(m.describe() for m in full)
+        hint = unstated_hint(full[0], target, reference)
+        return Explanation(
+            f"on the canonical corpus this function matches {found} (within tolerance); "
+            f"{wanted}.{hint}",
+            f"is {found}",
+            full[0],
+        )
+    value_only = [m for m in ranking if m.value_matches]
+    if value_only:
+        m = value_only[0]
+        return Explanation(
+            f"on the canonical corpus the loss VALUE matches {m.describe()} (within "
+            f"{m.value_error:.2g}x the tolerance) but its gradient does not (off by "
+            f"{m.grad_error:.3g}x): a stop-gradient is missing or misplaced, or part of the "
+            f"loss is computed from detached tensors; {wanted}",
+            f"value is {m.describe()}, gradient is not (a stop-gradient?)",
+            None,
+        )
+    m = ranking[0]
+    return Explanation(
+        f"no registered semantics matches; the closest is {m.describe()} "
+        f"(off by {m.error:.3g}x the tolerance); {wanted}",
+        f"no match (closest: {m.describe()}, {m.error:.2g}x tol)",
+        None,
+    )

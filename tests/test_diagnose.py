@@ -1,0 +1,154 @@
+"""Diagnosis: the candidate space reaches what frameworks ship, value and gradient are
+scored separately, and constants a source leaves unstated are named with the marker line
+that declares them (issue 14, "Diagnosis")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from polgrad_reference import KLEstimator, get_algorithm, policy_loss
+from pytest_polgrad.diagnose import Explanation, diagnose, explain
+from pytest_polgrad.engine import resolve_config
+from pytest_polgrad.options import parse_marker
+from pytest_polgrad.target import FunctionUnderTest
+from pytest_polgrad.tolerance import Tolerance
+
+Loss = Callable[..., torch.Tensor]
+
+
+def _explain(fn: Loss, reference: str, dtype: torch.dtype = torch.float64) -> Explanation:
+    opts = parse_marker((reference,), {"dtype": str(dtype).removeprefix("torch.")})
+    return explain(
+        FunctionUnderTest(fn, opts),
+        resolve_config(opts),
+        Tolerance(dtype),
+        reference=reference,
+        reference_id=reference,
+    )
+
+
+def _reference_loss(cfg: Any, *, with_ref: bool = False) -> Loss:
+    if with_ref:
+
+        def with_kl(logprobs, old_logprobs, advantages, response_mask, ref_logprobs):  # type: ignore[no-untyped-def]
+            return policy_loss(
+                cfg,
+                logprobs=logprobs,
+                old_logprobs=old_logprobs,
+                advantages=advantages,
+                response_mask=response_mask,
+                ref_logprobs=ref_logprobs,
+            ).loss
+
+        return with_kl
+
+    def plain(logprobs, old_logprobs, advantages, response_mask):  # type: ignore[no-untyped-def]
+        return policy_loss(
+            cfg,
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            response_mask=response_mask,
+        ).loss
+
+    return plain
+
+
+def _ppo_token_mean(eps_high: float, *, dual: float | None, detach_clipped: bool = False) -> Loss:
+    def loss(logprobs, old_logprobs, advantages, response_mask):  # type: ignore[no-untyped-def]
+        ratio = torch.exp(logprobs - old_logprobs)
+        adv = advantages[:, None]
+        clipped = ratio.clamp(0.8, 1.0 + eps_high)
+        if detach_clipped:
+            clipped = clipped.detach()
+        pg = torch.maximum(-adv * ratio, -adv * clipped)
+        if dual is not None:
+            pg = torch.where(adv < 0, torch.minimum(pg, -dual * adv), pg)
+        mask = response_mask
+        return torch.where(mask, pg, 0.0).sum() / mask.sum()
+
+    return loss
+
+
+def test_always_on_dual_clip_is_named() -> None:
+    found = _explain(_ppo_token_mean(0.28, dual=3.0), "dapo")
+    assert found.best is not None
+    assert "matches token-mean, token ratio, pg_clip eps 0.2/0.28, dual-clip 3" in found.text
+    assert "the reference 'dapo' is token-mean, token ratio, pg_clip eps 0.2/0.28, no KL" in (
+        found.text
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_dual_clip_found_in_float32_too(dtype: torch.dtype) -> None:
+    found = _explain(_ppo_token_mean(0.28, dual=3.0), "dapo", dtype)
+    assert "pg_clip eps 0.2/0.28, dual-clip 3" in found.summary
+
+
+def test_value_matches_but_gradient_does_not_is_a_stop_gradient_diagnosis() -> None:
+    found = _explain(_ppo_token_mean(0.28, dual=None, detach_clipped=True), "dapo")
+    assert found.best is None
+    assert "the loss VALUE matches token-mean, token ratio, pg_clip eps 0.2/0.28" in found.text
+    assert "— dapo" in found.text
+    assert "stop-gradient is missing or misplaced" in found.text
+    assert "gradient is not" in found.summary
+
+
+def test_a_correct_loss_is_not_called_a_stop_gradient_bug() -> None:
+    found = _explain(_reference_loss(get_algorithm("dapo").loss), "dapo")
+    assert found.best is not None and "stop-gradient" not in found.text
+    assert found.summary.startswith("is ") and "dapo" in found.summary
+
+
+@pytest.mark.parametrize(
+    ("reference", "changes", "keyword"),
+    [
+        ("cispo", {"eps_high": 0.2}, "eps_high=0.2"),
+        ("dr_grpo", {"budget": 1024}, "budget=1024"),
+    ],
+)
+def test_unstated_constant_is_named_with_its_marker_line(
+    reference: str, changes: dict[str, Any], keyword: str
+) -> None:
+    cfg = get_algorithm(reference).derive(**changes).loss
+    found = _explain(_reference_loss(cfg), reference)
+    assert "does not publish" in found.text, found.text
+    assert f'@pytest.mark.polgrad_conforms("{reference}", {keyword})' in found.text
+
+
+def test_unstated_kl_coefficient_is_named() -> None:
+    spec = get_algorithm("grpo")
+    assert spec.loss.kl is not None
+    cfg = spec.loss.replace(kl=spec.loss.kl.replace(coef=0.01))
+    # grpo's KL coefficient is stated (0.04, Sec. 4.2): a different one is NOT excused.
+    found = _explain(_reference_loss(cfg, with_ref=True), "grpo")
+    assert "does not publish" not in found.text
+    assert "k3 KL x 0.01 in the loss" in found.text
+
+
+def test_a_stated_difference_gets_no_unstated_hint() -> None:
+    # DAPO publishes eps_high = 0.28 (Sec. 3.1): eps 0.2 is a real deviation.
+    found = _explain(_reference_loss(get_algorithm("dapo").derive(eps_high=0.2).loss), "dapo")
+    assert "does not publish" not in found.text
+    assert "pg_clip eps 0.2/0.2" in found.summary
+
+
+def test_kl_estimator_refinement_finds_another_estimator() -> None:
+    spec = get_algorithm("grpo")
+    assert spec.loss.kl is not None
+    cfg = spec.loss.replace(kl=spec.loss.kl.replace(estimator=KLEstimator.K2))
+    found = _explain(_reference_loss(cfg, with_ref=True), "grpo")
+    assert "k2 KL x 0.04 in the loss" in found.summary
+
+
+def test_top_zero_returns_the_whole_ranking() -> None:
+    opts = parse_marker(("dapo",), {})
+    fut = FunctionUnderTest(_reference_loss(get_algorithm("dapo").loss), opts)
+    everything = diagnose(fut, resolve_config(opts), Tolerance(torch.float64), top=0)
+    assert len(everything) > 100
+    assert everything[0].matches
+    assert [m.error for m in everything] == sorted(m.error for m in everything)
