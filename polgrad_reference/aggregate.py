@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import torch
 
-from ._validate import require_response_mask, require_shape, require_tensor
+from ._validate import (
+    require_finite_where,
+    require_response_mask,
+    require_shape,
+    require_tensor,
+)
 from .config import Aggregation, MicroBatchScaling, _enum, _positive_int
-from .errors import ConfigError, InputError
+from .errors import ConfigError, InputError, NumericalError
 
 __all__ = ["aggregate", "microbatch_token_weights", "token_weights"]
 
@@ -82,14 +87,24 @@ def aggregate(
     """Aggregate per-token values ``x [B, T]`` into a scalar: ``sum(w * x)`` over the mask.
 
     Values of ``x`` at padding are ignored (also NaN/inf) and receive exactly zero
-    gradient. ``w`` is :func:`token_weights` in ``x``'s dtype.
+    gradient. ``w`` is :func:`token_weights` in ``x``'s dtype. A NaN or inf at a response
+    token raises ``InputError`` naming the positions (as ``policy_loss`` does for the same
+    input), and a sum that overflows ``x``'s dtype raises ``NumericalError``: the result
+    is never a silent NaN or inf.
     """
     x = require_tensor("x", x)
     if not x.is_floating_point():
         raise InputError(f"x must have a floating-point dtype, got {x.dtype}")
     w = token_weights(response_mask, mode, budget=budget, dtype=x.dtype)
     require_shape("x", x, w.shape, "[B, T] like response_mask")
-    return _inner(x, response_mask, w)
+    out = _inner(x, response_mask, w)
+    if not bool(torch.isfinite(out.detach())):
+        require_finite_where("x", x.detach(), response_mask)
+        raise NumericalError(
+            f"the aggregate of x ({x.dtype}) overflows to {out.item()} although every response "
+            "value is finite; the weighted sum exceeds the dtype's range (compute in float64)"
+        )
+    return out
 
 
 def _inner(x: torch.Tensor, mask: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

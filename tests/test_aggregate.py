@@ -12,6 +12,7 @@ from polgrad_reference import (
     ConfigError,
     InputError,
     InputTypeError,
+    NumericalError,
     aggregate,
     microbatch_token_weights,
     token_weights,
@@ -155,3 +156,20 @@ def test_bad_masks_and_shapes() -> None:
         microbatch_token_weights(
             torch.ones(2, 3, dtype=torch.bool), "token-mean", micro_batch_size=0
         )
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")], ids=str)
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_non_finite_response_value_raises_naming_positions(mode: Aggregation, bad: float) -> None:
+    """Issue 15: NaN/inf at a response token is an InputError (as in policy_loss), not NaN."""
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    x = torch.tensor([[1.0, 2.0, 0.0], [bad, 0.0, float("nan")]], dtype=torch.float64)
+    with pytest.raises(InputError, match=r"x holds (NaN|inf) at response positions \(1, 0\)"):
+        aggregate(x, response_mask=mask, mode=mode, budget=_budget(mode))
+
+
+def test_overflowing_sum_raises_numerical_error() -> None:
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    x = torch.full((1, 4), 6.0e4, dtype=torch.float16)  # finite; the float16 sum is not
+    with pytest.raises(NumericalError, match="overflows"):
+        aggregate(x, response_mask=mask, mode="token-sum")
