@@ -18,7 +18,9 @@ from .errors import ConfigError
 __all__ = ["clipped_value_loss", "value_loss_per_token"]
 
 
-def _clip_range(value: object) -> float:
+def _clip_range(value: object) -> float | None:
+    if value is None:
+        return None
     c = _real(value, "clip_range")
     if c <= 0.0:
         raise ConfigError(f"clip_range must be > 0, got {c}")
@@ -31,9 +33,11 @@ def value_loss_per_token(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     response_mask: torch.Tensor,
-    clip_range: float,
+    clip_range: float | None,
 ) -> torch.Tensor:
-    """``0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)`` per token, ``[B, T]``.
+    """``0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)`` per token, ``[B, T]``;
+    ``clip_range=None`` is the unclipped ``0.5 * (V - R)^2`` (PPO Eq. 9's squared error;
+    ``old_values`` is then validated but unused).
 
     Exactly 0 at padding, where values may be NaN and get zero gradient. Inside the clip
     range both terms coincide and the gradient is ``V - R``; outside it the gradient is 0
@@ -44,6 +48,8 @@ def value_loss_per_token(
         response_mask, tokens={"values": values, "old_values": old_values, "returns": returns}
     )
     val, old, ret = (torch.where(mask, t[k], 0.0) for k in ("values", "old_values", "returns"))
+    if c is None:
+        return 0.5 * (val - ret) ** 2  # 0 at padding
     clipped = torch.minimum(torch.maximum(val, old - c), old + c)
     return 0.5 * torch.maximum((val - ret) ** 2, (clipped - ret) ** 2)  # 0 at padding
 
@@ -54,12 +60,14 @@ def clipped_value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     response_mask: torch.Tensor,
-    clip_range: float,
+    clip_range: float | None,
     mode: Aggregation | str = Aggregation.TOKEN_MEAN,
     budget: int | None = None,
 ) -> torch.Tensor:
     """Scalar clipped value loss: :func:`value_loss_per_token` aggregated with ``mode``
-    (``budget`` for ``token-sum-norm``); token-mean by default, as in baselines ``ppo2``."""
+    (``budget`` for ``token-sum-norm``); token-mean by default, as in baselines ``ppo2`` and
+    verl 0.9.1 ``compute_value_loss`` (which applies the 0.5 after ``agg_loss``: the same
+    value, since every aggregation is linear)."""
     per_token = value_loss_per_token(
         values=values,
         old_values=old_values,

@@ -224,7 +224,7 @@ BAD: dict[str, tuple[dict[str, Any], type[Exception], str]] = {
     "clip-negative": ({"clip_range": -0.2}, ConfigError, "clip_range must be > 0"),
     "clip-nan": ({"clip_range": NAN}, ConfigError, "clip_range must be finite"),
     "clip-str": ({"clip_range": "0.2"}, ConfigError, "clip_range must be a real number"),
-    "clip-none": ({"clip_range": None}, ConfigError, "clip_range must be a real number"),
+    "clip-bool": ({"clip_range": True}, ConfigError, "clip_range must be a real number"),
     "mode": ({"mode": "mean"}, ConfigError, "mode must be one of"),
     "budget-missing": ({"mode": "token-sum-norm"}, ConfigError, "budget"),
     "budget-unused": ({"budget": 8}, ConfigError, "budget applies to mode='token-sum-norm'"),
@@ -236,3 +236,19 @@ def test_bad_input_raises_naming_the_argument(case: str) -> None:
     changes, error, words = BAD[case]
     with pytest.raises(error, match=words):
         clipped_value_loss(**{**_golden(), **changes})
+
+
+def test_unclipped_is_half_the_squared_error_everywhere() -> None:
+    """``clip_range=None``: ``0.5 (V - R)^2`` also where the clipped form would clip (the
+    golden batch's tokens (0, 0) and (1, 0)), and the gradient is ``w (V - R)``."""
+    args = {**_golden(), "clip_range": None}
+    values = args["values"].clone().requires_grad_(True)
+    per_token = value_loss_per_token(**{**args, "values": values})
+    mask = args["response_mask"]
+    expected = torch.where(mask, 0.5 * (args["values"] - args["returns"]) ** 2, 0.0)
+    assert torch.equal(per_token, expected)
+    assert float(per_token[0, 0]) == 0.5 and float(per_token[1, 0]) == 0.5
+    loss = clipped_value_loss(**{**args, "values": values})
+    (grad,) = torch.autograd.grad(loss, values)
+    n = int(mask.sum())
+    assert torch.equal(grad, torch.where(mask, (args["values"] - args["returns"]) / n, 0.0))
