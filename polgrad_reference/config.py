@@ -408,7 +408,8 @@ class ISCorrection(_Derivable):
         weight = default if self.weight is None else _enum(ISWeight, self.weight, "weight")
         if self.mode is ISMode.TRUNCATE and weight is not ISWeight.LEVEL:
             raise ConfigError(
-                f"mode='truncate' weights by the truncated rho of its level; got weight={weight.value!r}"
+                "mode='truncate' weights by the truncated rho of its level; "
+                f"got weight={weight.value!r}"
             )
         _set(self, "weight", weight)
 

@@ -19,10 +19,16 @@ import torch
 
 from . import _validate as v
 from .advantages import _REWARDS, _some_reward, _token_level
-from .config import KLEstimator, _enum, _real
+from .config import KLEstimator, KLRatioWeight, _enum, _real
 from .errors import ConfigError, InputError, NumericalError
 
-__all__ = ["categorical_kl", "kl_estimate", "kl_penalized_rewards", "reverse_kl_surrogate"]
+__all__ = [
+    "categorical_kl",
+    "kl_estimate",
+    "kl_penalized_rewards",
+    "ratio_weighted",
+    "reverse_kl_surrogate",
+]
 
 
 def _log_ratio(mask: torch.Tensor, t: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -45,12 +51,44 @@ def _kl_inputs(
 
 def k_values(est: KLEstimator, lr: torch.Tensor) -> torch.Tensor:
     """The estimator's formula on a padding-zeroed ``lr = ref_logprobs - logprobs``, with
-    no checks (the hot path of ``policy_loss``, which probes finiteness itself)."""
-    if est is KLEstimator.K1:
-        return -lr
-    if est is KLEstimator.K2:
-        return 0.5 * (lr * lr)
-    return torch.expm1(lr) - lr  # expm1: no cancellation in exp(lr) - 1 for small lr
+    no checks (the hot path of ``policy_loss``, which probes finiteness itself).
+
+    A ``+`` estimator returns ``k2 - sg(k2) + sg(k)``: the base estimator's value with
+    k2's gradient (verl 0.9.1 ``kl_penalty``, core_algos.py).
+    """
+    base = est.base
+    if base is KLEstimator.K1:
+        k = -lr
+    elif base is KLEstimator.K2:
+        k = 0.5 * (lr * lr)
+    elif base is KLEstimator.ABS:
+        k = lr.abs()
+    else:
+        k = torch.expm1(lr) - lr  # expm1: no cancellation in exp(lr) - 1 for small lr
+    if not est.straight_through or base is KLEstimator.K2:
+        return k
+    k2 = 0.5 * (lr * lr)
+    return k2 - k2.detach() + k.detach()  # value sg(k), gradient d k2
+
+
+def ratio_weighted(
+    kl: torch.Tensor, ratio: torch.Tensor, weight: KLRatioWeight, cap: float | None
+) -> torch.Tensor:
+    """The per-token KL multiplied by the policy ratio ``r`` as ``weight`` says.
+
+    ``undetached``: ``r kl`` (gradient through ``r`` too; TRL 1.16.0 grpo_trainer.py,
+    ``use_bias_correction_kl``); ``detached``: ``sg(r) kl``; ``gradient``: value ``kl``,
+    gradient ``sg(r) d kl`` (OpenRLHF 0.11.2 utils.py ``compute_approx_kl``). ``cap``
+    bounds ``r`` from above first. ``ratio`` must be 1 at padding, where ``kl`` is 0.
+    """
+    if weight is KLRatioWeight.NONE:
+        return kl
+    r = ratio if cap is None else ratio.clamp(max=cap)
+    if weight is KLRatioWeight.UNDETACHED:
+        return r * kl
+    if weight is KLRatioWeight.DETACHED:
+        return r.detach() * kl
+    return kl.detach() + r.detach() * (kl - kl.detach())
 
 
 def _estimate(est: KLEstimator, lr: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,9 @@ import torch
 
 from . import _validate as v
 from .aggregate import _weights
-from .config import ISCorrection, ISLevel, ISMode, PolicyLossConfig, SurrogateKind
+from .config import ISCorrection, ISLevel, ISMode, ISWeight, PolicyLossConfig, SurrogateKind
 from .errors import ConfigError, InputError, NumericalError
-from .kl import k_values
+from .kl import k_values, ratio_weighted
 from .ratios import masked_log_ratio, ratio
 from .surrogates import surrogate
 
@@ -100,14 +100,51 @@ def _check_inputs(
     return {"response_mask": mask, **floats}
 
 
-def _is_weight(
-    corr: ISCorrection, old: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Detached rollout IS weight ``rho``, ``[B, T]`` (token) or ``[B, 1]`` (sequence)."""
-    log_rho = torch.where(mask, old - rollout, 0.0).detach()
+def _log_rho(corr: ISCorrection, token_log_rho: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``log rho`` at the correction's level: ``[B, T]`` (token) or ``[B, 1]`` (row)."""
+    if corr.level is ISLevel.TOKEN:
+        return token_log_rho
+    total = token_log_rho.sum(dim=1, keepdim=True)
     if corr.level is ISLevel.SEQUENCE:
-        log_rho = log_rho.sum(dim=1, keepdim=True)
-    return torch.exp(log_rho)
+        return total
+    return total / mask.sum(dim=1, keepdim=True).clamp(min=1).to(total.dtype)  # GEOMETRIC
+
+
+def _apply_is(
+    corr: ISCorrection,
+    token_loss: torch.Tensor,
+    old: torch.Tensor,
+    rollout: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply a rollout IS correction; returns ``(token_loss, mask)``.
+
+    ``rho = exp(old - rollout)`` (detached) at ``corr.level``; truncate multiplies by
+    ``clamp(rho, low, cap)``; mask drops out-of-band units from ``mask`` (and so from every
+    denominator); zero gives them weight 0 and keeps them in the denominators. Surviving
+    units carry ``corr.weight``. Out-of-band weights are selected away with ``where``, never
+    multiplied, so an overflowing ``rho`` there cannot leak inf or NaN.
+    """
+    token_log_rho = torch.where(mask, old - rollout, 0.0).detach()
+    rho = torch.exp(_log_rho(corr, token_log_rho, mask))
+    if corr.mode is ISMode.TRUNCATE:
+        return token_loss * rho.clamp(min=corr.low, max=corr.cap), mask
+    keep = torch.ones_like(rho, dtype=torch.bool)
+    if corr.low is not None:
+        keep &= rho >= corr.low
+    if corr.high is not None:
+        keep &= rho <= corr.high
+    keep = keep.expand_as(mask)
+    weight = None
+    if corr.weight is ISWeight.LEVEL:
+        weight = rho
+    elif corr.weight is ISWeight.TOKEN:
+        weight = torch.exp(token_log_rho)
+    if weight is not None:
+        token_loss = token_loss * torch.where(keep, weight, 1.0)
+    if corr.mode is ISMode.MASK:
+        mask = mask & keep
+    return torch.where(mask & keep, token_loss, 0.0), mask
 
 
 def _explain_failure(t: dict[str, torch.Tensor], out: PolicyLossOutput) -> None:
@@ -189,18 +226,7 @@ def policy_loss(
     if corr is not None:
         rollout = torch.where(mask, t["rollout_logprobs"].detach(), 0.0)
         probes.append(rollout.sum())
-        rho = _is_weight(corr, old, rollout, mask)
-        if corr.mode is ISMode.TRUNCATE:
-            assert corr.cap is not None
-            token_loss = token_loss * rho.clamp(max=corr.cap)
-        else:
-            keep = torch.ones_like(rho, dtype=torch.bool)
-            if corr.low is not None:
-                keep &= rho >= corr.low
-            if corr.high is not None:
-                keep &= rho <= corr.high
-            mask = mask & keep
-            token_loss = torch.where(mask, token_loss, 0.0)
+        token_loss, mask = _apply_is(corr, token_loss, old, rollout, mask)
 
     # Every per-token term is finite at padding from here on and every weight is 0 there, so each
     # aggregation is a plain inner product with its weights.
@@ -210,7 +236,9 @@ def policy_loss(
     if cfg.kl_in_loss:
         assert cfg.kl is not None
         ref_lr = (t["ref_logprobs"].detach() - lp).masked_fill_(~mask, 0.0)
-        kl = k_values(cfg.kl.estimator, ref_lr)
+        kl = ratio_weighted(
+            k_values(cfg.kl.estimator, ref_lr), r, cfg.kl.ratio_weight, cfg.kl.ratio_cap
+        )
         del ref_lr
         probes.append(kl.detach().sum())
         coef = cfg.kl.coef

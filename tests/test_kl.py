@@ -29,6 +29,8 @@ from tests.ragged import build, ragged
 F64 = torch.float64
 NAN = float("nan")
 ESTIMATORS = list(KLEstimator)
+# The "+" estimators' gradient is not their value's derivative (tests/test_variants.py).
+SMOOTH = [e for e in KLEstimator if not e.straight_through]
 
 
 def _t(rows: list[list[float]]) -> torch.Tensor:
@@ -244,7 +246,7 @@ def test_surrogate_value_and_gradient_formula() -> None:
     assert grad.tolist() == [[0.5, -1.0, 0.0]]
 
 
-@pytest.mark.parametrize("est", ESTIMATORS, ids=lambda e: e.value)
+@pytest.mark.parametrize("est", SMOOTH, ids=lambda e: e.value)
 def test_gradcheck_estimators(est: KLEstimator) -> None:
     b = build([3, 1, 4], seed=3)
     lp = b["logprobs"].clone().requires_grad_()

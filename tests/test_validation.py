@@ -189,7 +189,7 @@ def test_required_optional_tensors() -> None:
         (lambda: ISCorrection(cap=0.0), "cap must be > 0"),
         (lambda: ISCorrection(mode="mask"), "needs low, high or both"),
         (lambda: ISCorrection(mode="mask", low=2.0, high=1.0), "low must be < high"),
-        (lambda: ISCorrection(low=0.5), "apply to mode='mask' only"),
+        (lambda: ISCorrection(high=3.0), "high applies to modes 'mask' and 'zero'"),
         (lambda: KLConfig(coef=-1.0), "coef must be >= 0"),
         (lambda: KLConfig(estimator="k4"), "estimator must be one of"),
         (lambda: ALGORITHMS["dapo"].derive(eps_lo=0.1), r"unknown override\(s\) \['eps_lo'\]"),
