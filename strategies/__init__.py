@@ -19,12 +19,24 @@ from ._groups import Groups, groups
 from ._layout import Layout, left_to_right, pack, right_to_left, row_extents, unpack
 from ._masks import lengths, response_masks
 from ._plan import BatchPlan
+from ._rewards import (
+    LOGIT_PATTERNS,
+    REWARD_KINDS,
+    LogitBatch,
+    RewardBatch,
+    ValueBatch,
+    logit_batches,
+    reward_batches,
+    value_batches,
+)
 from ._values import log_ratio_gaps, logprobs
 
 __all__ = [
     "DEFAULT_CLIPS",
     "DOMAINS",
     "EXTREME",
+    "LOGIT_PATTERNS",
+    "REWARD_KINDS",
     "SEMANTIC",
     "SUPPORTED_DTYPES",
     "Batch",
@@ -32,6 +44,9 @@ __all__ = [
     "Domain",
     "Groups",
     "Layout",
+    "LogitBatch",
+    "RewardBatch",
+    "ValueBatch",
     "advantages",
     "algorithm_names",
     "batches",
@@ -40,11 +55,14 @@ __all__ = [
     "left_to_right",
     "lengths",
     "log_ratio_gaps",
+    "logit_batches",
     "logprobs",
     "loss_configs",
     "pack",
     "response_masks",
+    "reward_batches",
     "right_to_left",
     "row_extents",
     "unpack",
+    "value_batches",
 ]
