@@ -41,6 +41,16 @@ class OracleResult:
     """Tokens within rounding distance of a clip kink, ``[B, T]`` bool: their gradient
     legitimately jumps between branches, so only finiteness is required there."""
     n_tokens: int
+    value_scale_native: float = 0.0
+    """``value_scale`` for arithmetic in the input dtype itself (inputs exact, only the
+    log-ratio rounds): ``cond`` becomes ``1 + max_t |lr_t|``."""
+    grad_scale_native: torch.Tensor | None = None
+    """``grad_scale`` with the native condition number (see ``value_scale_native``)."""
+    cond: torch.Tensor | None = None
+    """``[B, 1]``: ``1 + max_t (|logprobs| + |old_logprobs|)``, the rows' condition numbers
+    when the inputs are rounded to a coarser precision."""
+    cond_native: torch.Tensor | None = None
+    """``[B, 1]``: ``1 + max_t |logprobs - old_logprobs|`` (inputs exact)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +70,20 @@ class Oracle:
         return tuple(out)
 
     def __call__(
-        self, batch: Mapping[str, torch.Tensor], *, kink_eps: float, grad: bool = True
+        self,
+        batch: Mapping[str, torch.Tensor],
+        *,
+        kink_eps: float,
+        grad: bool = True,
+        native_kinks: bool = False,
     ) -> OracleResult:
         """Evaluate on ``batch`` (canonical ``[B, T]`` right-padded tensors, any float dtype);
-        ``kink_eps`` is the relative rounding error that makes a clip kink ambiguous. With
-        ``grad=False`` the backward pass is skipped and the gradient fields (``grad``,
-        ``grad_scale``, ``ambiguous``) are zeros."""
+        ``kink_eps`` is the relative rounding error (per unit of condition number) that
+        makes a clip kink ambiguous: the band is ``kink_eps * (1 + |lr|)`` with
+        ``native_kinks`` (inputs exact in the function's precision) and ``kink_eps * (1 +
+        |logprobs| + |old_logprobs|)`` otherwise (:attr:`Tolerance.kink_band` gives both).
+        With ``grad=False`` the backward pass is skipped and the gradient fields
+        (``grad``, ``grad_scale``, ``ambiguous``) are zeros."""
         x = {
             k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
             for k in (*_CORE, *self.needs)
@@ -78,50 +96,78 @@ class Oracle:
         adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
         lp0 = torch.where(mask, x["logprobs"], 0.0)
         old0 = torch.where(mask, x["old_logprobs"], 0.0)
-        cond = 1.0 + (lp0.abs() + old0.abs()).amax(dim=1, keepdim=True)
+        token_cond = 1.0 + lp0.abs() + old0.abs()
+        token_native = 1.0 + (lp0 - old0).abs()
+        cond = token_cond.amax(dim=1, keepdim=True)
+        native = token_native.amax(dim=1, keepdim=True)
         ratio = out.ratio.detach()
-        terms = out.token_loss.detach().abs() + adv.abs() * ratio * cond
+
+        def scale_of(c: torch.Tensor, kl_c: torch.Tensor | None) -> float:
+            terms = out.token_loss.detach().abs() + adv.abs() * ratio * c
+            if out.kl is not None:
+                assert self.config.kl is not None and kl_c is not None
+                terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_c)
+            return float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
+
+        kl_cond = kl_native = None
         if out.kl is not None:
-            assert self.config.kl is not None
-            terms = terms + self.config.kl.coef * (out.kl.detach().abs() + cond)
-        value_scale = float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
+            ref0 = torch.where(mask, x["ref_logprobs"], 0.0)
+            kl_cond = 1.0 + ref0.abs() + lp0.abs()
+            kl_native = 1.0 + (ref0 - lp0).abs().amax(dim=1, keepdim=True)
+        grad_native: torch.Tensor | None = None
         if grad:
             g_abs = g.abs()
-            grad_scale = (g_abs + g_abs.amax(dim=1, keepdim=True)) * cond
+            base = g_abs + g_abs.amax(dim=1, keepdim=True)
+            grad_scale, grad_native = base * cond, base * native
             if out.kl is not None:
-                grad_scale = grad_scale + self._kl_grad_scale(out, x)
-            ambiguous = self._kinks(ratio, mask, cond * kink_eps)
+                assert kl_cond is not None and kl_native is not None
+                grad_scale = grad_scale + self._kl_grad_scale(out, x, kl_cond)
+                grad_native = grad_native + self._kl_grad_scale(out, x, kl_native)
+            band = kink_eps * (token_native if native_kinks else token_cond)
+            ambiguous = self._kinks(ratio, mask, band)
         else:  # a value-only comparison needs neither
             grad_scale, ambiguous = g, torch.zeros_like(mask)
         return OracleResult(
             loss=out.loss.item(),
             grad=g.detach(),
-            value_scale=value_scale,
+            value_scale=scale_of(cond, cond),
             grad_scale=grad_scale,
             ambiguous=ambiguous,
             n_tokens=int(mask.sum()),
+            value_scale_native=scale_of(native, kl_native),
+            grad_scale_native=grad_native,
+            cond=cond,
+            cond_native=native,
         )
 
-    def _kl_grad_scale(self, out: PolicyLossOutput, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def _kl_grad_scale(
+        self, out: PolicyLossOutput, x: Mapping[str, torch.Tensor], cond: torch.Tensor
+    ) -> torch.Tensor:
         """Rounding scale of the KL term's gradient: ``d k / d logprobs`` involves
-        ``exp(lr) - 1`` (k3) or ``lr`` (k2) with ``lr = ref - logprobs``, which cancels."""
+        ``exp(lr) - 1`` (k3) or ``lr`` (k2) with ``lr = ref - logprobs``, which cancels;
+        ``cond`` is ``1 + |ref| + |logprobs|`` (rounded inputs) or ``1 + |lr|`` (exact)."""
         assert self.config.kl is not None
         mask = out.response_mask
         ref = torch.where(mask, x["ref_logprobs"], 0.0)
         lp = torch.where(mask, x["logprobs"], 0.0)
         lr = ref - lp
-        cond = 1.0 + ref.abs() + lp.abs()
         weights = out.weights if out.kl_weights is None else out.kl_weights
         return self.config.kl.coef * weights * (torch.exp(lr) + 1.0 + lr.abs()) * cond
 
     def _kinks(self, ratio: torch.Tensor, mask: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+        """Tokens whose ratio lies within ``rel * bound`` of a clip bound. A sequence
+        ratio ``exp(mean_t lr_t)`` also carries the mean's summation error (``log2 n``
+        roundings, Higham Sec. 4.2), and its whole row is ambiguous."""
         clip = self.config.clip
         if self.config.surrogate not in (SurrogateKind.PG_CLIP, SurrogateKind.CISPO):
             return torch.zeros_like(mask)
+        if self.config.ratio is not RatioKind.TOKEN:
+            n = mask.sum(dim=1, keepdim=True).clamp(min=1).to(rel.dtype)
+            rel = torch.where(mask, rel, 0.0).amax(dim=1, keepdim=True) * (1.0 + torch.log2(n))
         near = torch.zeros_like(mask)
         for bound in (clip.low, clip.high, clip.dual_clip):
             if bound is not None:
                 near |= (ratio - bound).abs() <= rel * bound
         if self.config.ratio is not RatioKind.TOKEN:
-            near = near.any(dim=1, keepdim=True).expand_as(mask)
+            near = (near & mask).any(dim=1, keepdim=True).expand_as(mask)
         return near & mask

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TypeVar
 
 import torch
 
-__all__ = ["UNIT_ROUNDOFF", "Comparison", "Tolerance", "unit_roundoff"]
+_S = TypeVar("_S", float, torch.Tensor)
+
+__all__ = ["KINK_ULPS", "UNIT_ROUNDOFF", "Comparison", "Tolerance", "unit_roundoff"]
 
 UNIT_ROUNDOFF = {
     torch.float64: 2.0**-53,
@@ -23,6 +26,10 @@ UNIT_ROUNDOFF = {
     torch.bfloat16: 2.0**-8,
 }
 _K = 32.0  # operations per token, with margin: exp, sub, mul, clamp, max, weights, sums
+KINK_ULPS = 4.0
+"""Roundings that can move a computed ratio across a clip bound: the log-ratio's
+subtraction, ``exp``, the bound ``1 + eps`` itself, with a factor 2 of margin (in units of
+``u`` times the ratio's condition number; derivation in docs/tolerance.md, "Kinks")."""
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -63,17 +70,43 @@ class Tolerance:
 
     @property
     def loosest(self) -> float:
-        """Unit roundoff of the loosest accepted precision (for kink detection)."""
+        """``K u`` of the loosest accepted precision (a generous kink band; the checks use
+        the tighter :attr:`kink_band`)."""
         return max(unit_roundoff(p) for p in self.precisions) * _K * self.factor
 
-    def value(self, actual: float, expected: float, scale: float, n: int) -> Comparison:
-        """Scalar loss comparison: ``|a - e| <= factor * u * (K + sqrt(N)) * scale``."""
+    @property
+    def kink_band(self) -> tuple[float, bool]:
+        """``(eps, native)`` for :meth:`Oracle.__call__`'s ``kink_eps`` / ``native_kinks``:
+        ``KINK_ULPS`` roundings of the loosest accepted precision, and whether that
+        precision is the input dtype (inputs exact in it: only the log-ratio rounds, so the
+        band scales with ``1 + |lr|``; otherwise the inputs themselves round and it scales
+        with ``1 + |logprobs| + |old_logprobs|``)."""
+        loosest = max(self.precisions, key=unit_roundoff)
+        return KINK_ULPS * unit_roundoff(loosest) * self.factor, loosest is self.input_dtype
+
+    def _pick(self, p: torch.dtype, scale: _S, native: _S | None) -> _S:
+        """The scale for precision ``p``: ``native`` (inputs exactly representable in ``p``)
+        when given and ``p`` is the input dtype, the conservative ``scale`` otherwise."""
+        return native if native is not None and p is self.input_dtype else scale
+
+    def value(
+        self,
+        actual: float,
+        expected: float,
+        scale: float,
+        n: int,
+        *,
+        native_scale: float | None = None,
+    ) -> Comparison:
+        """Scalar loss comparison: ``|a - e| <= factor * u * (K + sqrt(N)) * scale``
+        (``native_scale`` for arithmetic in the input dtype itself, see :meth:`_pick`)."""
         if not math.isfinite(actual):
             return Comparison(False, math.inf, self.input_dtype)
         diff = abs(actual - expected)
         ratio = math.inf
         for p in self.precisions:
-            tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * max(scale, 1e-300)
+            s = self._pick(p, scale, native_scale)
+            tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * max(s, 1e-300)
             ratio = diff / tol
             if ratio <= 1.0:
                 return Comparison(True, ratio, p)
@@ -85,6 +118,8 @@ class Tolerance:
         expected: torch.Tensor,
         scale: torch.Tensor,
         where: torch.Tensor,
+        *,
+        native_scale: torch.Tensor | None = None,
     ) -> tuple[Comparison, torch.Tensor]:
         """Elementwise comparison on ``where``; returns the comparison and the per-element
         error ratios (``inf`` for non-finite entries, ``0`` outside ``where``)."""
@@ -92,7 +127,8 @@ class Tolerance:
         diff = torch.where(torch.isfinite(actual), diff, torch.inf)
         ratios = torch.zeros_like(diff)
         for p in self.precisions:
-            tol = self.factor * unit_roundoff(p) * _K * scale.clamp(min=1e-300)
+            s = self._pick(p, scale, native_scale)
+            tol = self.factor * unit_roundoff(p) * _K * s.clamp(min=1e-300)
             ratios = torch.where(where, diff / tol, 0.0)
             worst = float(ratios.max()) if ratios.numel() else 0.0
             if worst <= 1.0:
