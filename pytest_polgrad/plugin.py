@@ -65,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "named polgrad reference semantics (see pytest-polgrad docs)",
     )
     config.pluginmanager.register(Reporter(config), "polgrad-reporter")
+    from .guard import SnapshotGuard
+
+    config.pluginmanager.register(SnapshotGuard(config), "polgrad-snapshot-guard")
 
 
 def _int_setting(config: pytest.Config, option: str, ini: str) -> int | None:
