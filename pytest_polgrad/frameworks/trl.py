@@ -1,0 +1,125 @@
+"""Adapter for TRL 1.16.0 ``GRPOTrainer._compute_loss`` in the kit's conventions.
+
+The loss method runs unchanged on CPU tensors, on a trainer instance built without a model:
+``object.__new__(GRPOTrainer)`` given the attributes ``GRPOTrainer.__init__`` derives from a
+real ``GRPOConfig(use_cpu=True, report_to="none", ...)`` (trl/trainer/grpo_trainer.py,
+lines 782-983 of 1.16.0), a real ``Accelerator(cpu=True)``, and a stand-in for
+``_get_per_token_logps_and_entropies`` that returns the test's ``logprobs`` (entropies
+zero, no auxiliary loss). TRL is imported on the first call.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._adapt import require_installed
+
+__all__ = ["LOSS_TYPES", "grpo_config", "grpo_loss"]
+
+Tensor = torch.Tensor
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+"""``GRPOConfig.loss_type`` values of TRL 1.16.0."""
+
+_OUTPUT_DIR = tempfile.gettempdir()
+
+
+def grpo_config(**options: Any) -> Any:
+    """``trl.GRPOConfig(output_dir=<tmp>, use_cpu=True, report_to="none", **options)``."""
+    require_installed("trl")
+    from trl import GRPOConfig
+
+    return GRPOConfig(output_dir=_OUTPUT_DIR, use_cpu=True, report_to="none", **options)
+
+
+class _Model:
+    """What ``_compute_loss`` reads of the model: ``training`` (train-mode scaling)."""
+
+    training = True
+
+
+def _trainer(args: Any, *, gradient_accumulation_steps: int) -> Any:
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+
+    t = object.__new__(GRPOTrainer)
+    # The attributes GRPOTrainer.__init__ sets from `args` (trl 1.16.0), nothing else.
+    t.args = args
+    t.model = _Model()
+    t.accelerator = Accelerator(cpu=True)
+    t.loss_type = args.loss_type
+    t.importance_sampling_level = args.importance_sampling_level
+    t.off_policy_mask_threshold = args.off_policy_mask_threshold
+    t.top_entropy_quantile = args.top_entropy_quantile
+    t.entropy_coef = args.entropy_coef
+    t.use_adaptive_entropy = args.use_adaptive_entropy
+    t._entropy_bonus_enabled = t.entropy_coef != 0.0 or t.use_adaptive_entropy
+    t._last_world_entropy = float("inf")
+    t._entropy_window_stats = None
+    t.epsilon_low = args.epsilon
+    t.epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    t.beta = args.beta
+    t.max_completion_length = args.max_completion_length
+    t.use_vllm = args.use_vllm
+    t.vllm_importance_sampling_correction = args.vllm_importance_sampling_correction
+    t.vllm_importance_sampling_mode = args.vllm_importance_sampling_mode
+    t.aux_loss_enabled = False
+    t.router_aux_loss_coef = 0.0
+    t.current_gradient_accumulation_steps = gradient_accumulation_steps
+    t._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
+    return t
+
+
+def grpo_loss(
+    *, num_items_in_batch: str | int = "local", **options: Any
+) -> Callable[..., Tensor]:
+    """A loss function ``(logprobs, old_logprobs, advantages, response_mask[,
+    ref_logprobs]) -> loss`` that returns ``GRPOTrainer._compute_loss(model, inputs)`` for a
+    trainer configured with ``GRPOConfig(**options)`` (see :func:`grpo_config`).
+
+    ``inputs`` carries ``old_per_token_logps=old_logprobs``, ``ref_per_token_logps`` (when
+    ``beta != 0``), ``advantages`` ``[B]``, ``completion_mask`` (``int64``, as TRL builds it)
+    and ``num_items_in_batch``: the batch's response-token count (``"local"``, what a
+    single-process run with one accumulation step passes) or a fixed integer.
+    """
+    require_installed("trl")
+    args = grpo_config(**options)
+    steps = int(args.gradient_accumulation_steps)
+
+    def trl_grpo_loss(
+        *,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        ref_logprobs: Tensor | None = None,
+    ) -> Tensor:
+        trainer = _trainer(args, gradient_accumulation_steps=steps)
+        mask = response_mask.to(torch.int64)
+
+        def per_token_logps_and_entropies(*_a: Any, **_k: Any) -> tuple[Tensor, Tensor, None]:
+            return logprobs, torch.zeros_like(logprobs), None
+
+        trainer._get_per_token_logps_and_entropies = per_token_logps_and_entropies
+        b = logprobs.shape[0]
+        count = mask.sum() if num_items_in_batch == "local" else torch.tensor(num_items_in_batch)
+        inputs: dict[str, Any] = {
+            "prompt_ids": torch.zeros((b, 1), dtype=torch.int64),
+            "prompt_mask": torch.ones((b, 1), dtype=torch.int64),
+            "completion_ids": torch.zeros(mask.shape, dtype=torch.int64),
+            "completion_mask": mask,
+            "advantages": advantages,
+            "old_per_token_logps": old_logprobs,
+            "num_items_in_batch": count,
+        }
+        if ref_logprobs is not None:
+            inputs["ref_per_token_logps"] = ref_logprobs
+        loss: Tensor = trainer._compute_loss(trainer.model, inputs)
+        return loss
+
+    return trl_grpo_loss

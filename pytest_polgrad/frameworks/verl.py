@@ -1,0 +1,183 @@
+"""Adapters for verl 0.9.1 (``verl.trainer.ppo.core_algos``) in the kit's conventions.
+
+Each adapter takes keyword tensors ``[B, T]`` right-padded with a bool ``response_mask``
+and calls the installed verl function unchanged; the only translations are the ones a verl
+trainer performs itself (an ``ActorConfig`` built with the options named, token-level
+advantages). verl is imported on the first call, never at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ._adapt import require_installed
+
+__all__ = [
+    "ACTOR_REQUIRED",
+    "POLICY_LOSS_MODES",
+    "actor_config",
+    "agg_loss",
+    "compute_advantage",
+    "kl_penalty",
+    "policy_loss",
+    "value_loss",
+]
+
+Tensor = torch.Tensor
+
+POLICY_LOSS_MODES = (
+    "vanilla",
+    "dppo_tv",
+    "dppo_kl",
+    "gspo",
+    "sapo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "dro",
+    "cispo",
+    "bypass_mode",
+)
+"""The ``actor.policy_loss.loss_mode`` values registered by verl 0.9.1."""
+
+ACTOR_REQUIRED: Mapping[str, Any] = {
+    "strategy": "fsdp",
+    "rollout_n": 1,
+    "ppo_micro_batch_size_per_gpu": 1,
+}
+"""``ActorConfig`` fields that have no default (``MISSING``) in verl 0.9.1; the values do
+not enter any loss (gspo, sapo and cispo assert a real ``ActorConfig``)."""
+
+
+def _core() -> Any:
+    require_installed("verl")
+    from verl.trainer.ppo import core_algos
+
+    return core_algos
+
+
+def actor_config(**options: Any) -> Any:
+    """``verl.workers.config.ActorConfig(strategy="fsdp", rollout_n=1,
+    ppo_micro_batch_size_per_gpu=1, **options)``; ``policy_loss={...}`` fields go to its
+    ``PolicyLossConfig`` and ``rollout_correction={...}`` to the latter's
+    ``RolloutCorrectionConfig``."""
+    require_installed("verl")
+    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+
+    policy = dict(options.pop("policy_loss", {}))
+    correction = policy.pop("rollout_correction", None)
+    cfg = ActorConfig(**ACTOR_REQUIRED, **options)
+    pl = cfg.policy_loss if cfg.policy_loss is not None else PolicyLossConfig()
+    if correction is not None:
+        pl = dataclasses.replace(
+            pl, rollout_correction=dataclasses.replace(pl.rollout_correction, **correction)
+        )
+    if policy:
+        pl = dataclasses.replace(pl, **policy)
+    return dataclasses.replace(cfg, policy_loss=pl)
+
+
+def _token_advantages(advantages: Tensor, like: Tensor) -> Tensor:
+    # verl's losses take [B, T] advantages; a [B] input is broadcast over the row as
+    # verl's advantage estimators do (scores.unsqueeze(-1) * response_mask).
+    return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
+
+
+def policy_loss(
+    mode: str, *, loss_agg_mode: str = "token-mean", **options: Any
+) -> Callable[..., Tensor]:
+    """A loss function ``(logprobs, old_logprobs, advantages, response_mask) -> loss`` that
+    calls ``core_algos.get_policy_loss_fn(mode)(old_log_prob=old_logprobs,
+    log_prob=logprobs, advantages=[B, T], response_mask=response_mask,
+    loss_agg_mode=loss_agg_mode, config=actor_config(**options))`` and returns its loss.
+
+    ``global_batch_info={...}`` (an ``ActorConfig`` field: ``dp_size``,
+    ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``) is passed to
+    ``agg_loss`` by every mode except sapo and geo_mean.
+    """
+    if mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(POLICY_LOSS_MODES)}, got {mode!r}")
+    config_options = dict(options)
+
+    def verl_policy_loss(
+        *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        fn = _core().get_policy_loss_fn(mode)
+        loss, _metrics = fn(
+            old_log_prob=old_logprobs,
+            log_prob=logprobs,
+            advantages=_token_advantages(advantages, logprobs),
+            response_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=actor_config(**config_options),
+        )
+        return loss  # type: ignore[no-any-return]
+
+    verl_policy_loss.__qualname__ = f"verl_{mode}"
+    return verl_policy_loss
+
+
+def agg_loss(
+    *, loss_mat: Tensor, loss_mask: Tensor, loss_agg_mode: str, **global_batch_info: Any
+) -> Tensor:
+    """``core_algos.agg_loss(loss_mat, loss_mask, loss_agg_mode, **global_batch_info)``."""
+    out: Tensor = _core().agg_loss(
+        loss_mat=loss_mat, loss_mask=loss_mask, loss_agg_mode=loss_agg_mode, **global_batch_info
+    )
+    return out
+
+
+def kl_penalty(*, logprobs: Tensor, ref_logprobs: Tensor, kl_penalty: str) -> Tensor:
+    """``core_algos.kl_penalty(logprob, ref_logprob, kl_penalty)``: the per-token penalty
+    (``k1``/``kl``, ``abs``, ``k2``/``mse``, ``k3``/``low_var_kl``, with ``+``)."""
+    out: Tensor = _core().kl_penalty(logprobs, ref_logprobs, kl_penalty)
+    return out
+
+
+def value_loss(
+    *,
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+) -> Tensor:
+    """``core_algos.compute_value_loss(vpreds=values, returns, values=old_values, ...)[0]``."""
+    loss, _clipfrac = _core().compute_value_loss(
+        vpreds=values,
+        returns=returns,
+        values=old_values,
+        response_mask=response_mask,
+        cliprange_value=cliprange_value,
+        loss_agg_mode=loss_agg_mode,
+    )
+    return loss  # type: ignore[no-any-return]
+
+
+def compute_advantage(
+    estimator: str,
+    *,
+    rewards: Tensor,
+    response_mask: Tensor,
+    index: Any,
+    **options: Any,
+) -> Tensor:
+    """Outcome advantages ``[B, T]`` of ``core_algos.get_adv_estimator_fn(estimator)`` with
+    the scalar ``rewards`` ``[B]`` placed on each row's last response token (as verl's
+    reward manager does) and ``index`` the group id of each row (``uid``)."""
+    core = _core()
+    lengths = response_mask.sum(-1)
+    scores = torch.zeros(response_mask.shape, dtype=rewards.dtype)
+    rows = torch.arange(response_mask.shape[0])
+    scores[rows, (lengths - 1).clamp(min=0)] = rewards
+    fn = core.get_adv_estimator_fn(estimator)
+    advantages, _returns = fn(
+        token_level_rewards=scores, response_mask=response_mask, index=index, **options
+    )
+    return advantages  # type: ignore[no-any-return]
