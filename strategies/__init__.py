@@ -29,6 +29,7 @@ from ._rewards import (
     reward_batches,
     value_batches,
 )
+from ._splits import SPLIT_FAMILIES, Split, StepInfo, splits
 from ._values import log_ratio_gaps, logprobs
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "LOGIT_PATTERNS",
     "REWARD_KINDS",
     "SEMANTIC",
+    "SPLIT_FAMILIES",
     "SUPPORTED_DTYPES",
     "Batch",
     "BatchPlan",
@@ -46,6 +48,8 @@ __all__ = [
     "Layout",
     "LogitBatch",
     "RewardBatch",
+    "Split",
+    "StepInfo",
     "ValueBatch",
     "advantages",
     "algorithm_names",
@@ -63,6 +67,7 @@ __all__ = [
     "reward_batches",
     "right_to_left",
     "row_extents",
+    "splits",
     "unpack",
     "value_batches",
 ]

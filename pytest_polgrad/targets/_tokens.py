@@ -1,0 +1,202 @@
+"""Shared pieces of the token-tensor kinds (training step, aggregation, KL): the inputs
+object, the running context, a guarded call of the function under test, report helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ..checks import CheckFailure
+from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..strategies._snippet import snippet
+from ..target import Verdict
+from ..tolerance import Comparison, Tolerance
+
+__all__ = [
+    "DTYPES",
+    "TokenContext",
+    "TokenInputs",
+    "call_guarded",
+    "check_overrides",
+    "fmt",
+    "parameters",
+    "require_scalar",
+    "tolerance_for",
+    "worst_entries",
+]
+
+DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def tolerance_for(options: ConformanceOptions) -> Tolerance:
+    """The tolerance model for the marker's input dtype, strictness and multiplier."""
+    return Tolerance(DTYPES[options.dtype], strict=options.strict, factor=options.tolerance)
+
+
+def check_overrides(kind: str, options: ConformanceOptions, allowed: Iterable[str]) -> None:
+    """Raise ``MarkerError`` naming an override key the kind does not know."""
+    keys = sorted(allowed)
+    for key in options.overrides:
+        if key not in keys:
+            raise MarkerError(
+                f"the {kind} kind got unknown override {key!r}{did_you_mean(key, keys)}; "
+                f"allowed: {keys}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenInputs:
+    """Canonical ``[B, T]`` right-padded tensors by name (bool ``response_mask``)."""
+
+    tensors: Mapping[str, torch.Tensor]
+    label: str = ""
+
+    def as_kwargs(self) -> dict[str, torch.Tensor]:
+        return dict(self.tensors)
+
+    def to_snippet(self) -> str:
+        return snippet(self.tensors.items(), comment="pytest-polgrad inputs: " + self.describe())
+
+    def describe(self) -> str:
+        mask = self.tensors["response_mask"]
+        dtypes = {str(t.dtype).removeprefix("torch.") for t in self.tensors.values()}
+        dtypes.discard("bool")
+        text = (
+            f"B={mask.shape[0]}, T={mask.shape[1]}, response lengths "
+            f"{mask.sum(dim=1).tolist()}, dtype={'/'.join(sorted(dtypes))}"
+        )
+        return f"{self.label}: {text}" if self.label else text
+
+
+@dataclasses.dataclass
+class TokenContext:
+    """What a token kind's checks receive (see :class:`~pytest_polgrad.targets.KindContext`)."""
+
+    fn: Callable[..., Any]
+    name: str
+    options: ConformanceOptions
+    config: Any
+    tolerance: Tolerance
+    takes: frozenset[str]
+    """Parameter names of ``fn`` (every name when it has ``**kwargs``)."""
+    worst: float = 0.0
+    notes: set[str] = dataclasses.field(default_factory=set)
+
+    def record(self, cmp: Comparison, what: str) -> float:
+        self.worst = max(self.worst, cmp.error)
+        if cmp.ok and cmp.precision is not self.tolerance.input_dtype:
+            self.notes.add(
+                f"{what}: consistent with {str(cmp.precision).removeprefix('torch.')} "
+                f"arithmetic, not {str(self.tolerance.input_dtype).removeprefix('torch.')}; "
+                "passes by default, fails with strict=True"
+            )
+        return cmp.error
+
+
+def parameters(fn: Callable[..., Any], universe: Iterable[str]) -> frozenset[str]:
+    """The names of ``universe`` that ``fn`` accepts as keywords (all with ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError) as exc:
+        raise Verdict(f"cannot read the signature of {fn!r}: {exc}") from exc
+    names = set(universe)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return frozenset(names)
+    return frozenset(p.name for p in params if p.name in names)
+
+
+def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any], what: str) -> Any:
+    """Call ``fn(**kwargs)``; its exception (or ``SystemExit``) becomes a :class:`Verdict`."""
+    try:
+        return fn(**kwargs)
+    except (Exception, SystemExit) as exc:
+        frames = traceback.format_exception_only(type(exc), exc)
+        raise Verdict(f"the function raised on {what}: {''.join(frames).strip()}") from exc
+
+
+def require_scalar(value: object, what: str) -> torch.Tensor:
+    """A floating scalar tensor, or a :class:`Verdict` saying what came back instead."""
+    if not isinstance(value, torch.Tensor):
+        raise Verdict(f"{what}: the function returned {type(value).__name__}, not a tensor")
+    if value.numel() != 1 or value.dim() > 1:
+        raise Verdict(f"{what}: the function returned shape {list(value.shape)}, not a scalar")
+    if not value.is_floating_point():
+        raise Verdict(f"{what}: the function returned a {value.dtype} tensor, not a float")
+    return value.reshape(())
+
+
+def fmt(x: float) -> str:
+    return f"{x:.17g}" if math.isfinite(x) else str(x)
+
+
+def worst_entries(
+    ratios: torch.Tensor, expected: torch.Tensor, actual: torch.Tensor, k: int = 4
+) -> list[tuple[tuple[int, ...], float, float]]:
+    """The ``k`` entries furthest beyond tolerance: ``((b, t), expected, actual)``."""
+    flat = torch.nan_to_num(ratios, nan=math.inf).flatten()
+    out = []
+    for i in flat.topk(min(k, flat.numel())).indices.tolist():
+        if flat[i] <= 1.0:
+            break
+        pos = tuple(int(p) for p in torch.unravel_index(torch.tensor(i), ratios.shape))
+        out.append((pos, float(expected[pos]), float(actual[pos])))
+    return out
+
+
+def compare_tensor(
+    ctx: TokenContext,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    scale: torch.Tensor,
+    where: torch.Tensor,
+    what: str,
+    context: str = "",
+) -> float:
+    """Elementwise comparison within tolerance; ``CheckFailure`` with the worst entries."""
+    cmp, ratios = ctx.tolerance.tensor(actual, expected, scale, where)
+    if not cmp.ok:
+        n_bad = int((ratios > 1).sum())
+        raise CheckFailure(
+            f"{what} differs from the reference at {n_bad} response position(s), worst by "
+            f"{cmp.error:.3g}x the tolerance{context}",
+            entries=worst_entries(ratios, expected, actual.to(torch.float64)),
+            error=cmp.error,
+        )
+    return ctx.record(cmp, what)
+
+
+def compare_value(
+    ctx: TokenContext,
+    actual: float,
+    expected: float,
+    scale: float,
+    n: int,
+    what: str,
+    context: str = "",
+) -> float:
+    """Scalar comparison within tolerance; ``CheckFailure`` with the numbers side by side."""
+    cmp = ctx.tolerance.value(actual, expected, scale, n)
+    if not cmp.ok:
+        raise CheckFailure(
+            f"{what} differs from the reference by {abs(actual - expected):.3g} "
+            f"({cmp.error:.3g}x the tolerance){context}",
+            numbers=[(what, fmt(expected), fmt(actual))],
+            error=cmp.error,
+        )
+    return ctx.record(cmp, what)
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise 'same value', NaN equal to NaN."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))

@@ -1,0 +1,630 @@
+"""The training-step kind: the trainer's micro-batch / accumulation / data-parallel scaling.
+
+Convention. The marked function computes the loss of ONE micro-batch, the one a trainer
+calls ``backward()`` on::
+
+    @pytest.mark.polgrad_conforms("dapo", kind="training_step")
+    def step(logprobs, old_logprobs, advantages, response_mask, global_tokens, world_size):
+        per_token = my_surrogate(logprobs, old_logprobs, advantages)
+        return (per_token * response_mask).sum() / global_tokens * world_size
+
+It receives the micro-batch's keyword tensors (right-padded to the micro-batch's longest
+row, as dynamic batching does) and, by name, any :class:`~pytest_polgrad.strategies.StepInfo`
+field (``global_tokens``, ``rank_tokens``, ``gradient_accumulation_steps``, ``world_size``,
+``rank``, ``steps_per_generation``, ``generation_tokens``, ...) or ``step`` (the whole
+:class:`StepInfo`). It returns the loss, or ``None`` after calling ``backward()`` itself.
+
+The kit calls it for every micro-batch of every rank of one optimizer step, sums the
+gradients per rank as autograd accumulation does, averages them over ranks as an
+all-reduce MEAN does (DDP/FSDP), and compares the result, per token, with the gradient of
+the marked algorithm's loss on the whole step (token-mean: the step's global token count,
+DAPO arXiv:2503.14476 Eq. 8). The summed, rank-averaged loss must equal the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from hypothesis import strategies as st
+
+from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
+
+from ..checks import CheckFailure
+from ..corpus import CORPUS_VERSION, canonical_corpus
+from ..options import ConformanceOptions, MarkerError
+from ..oracle import Oracle, OracleResult
+from ..report import config_source
+from ..snapshot import EntryScale, Tolerant
+from ..strategies import batches
+from ..strategies._snippet import snippet as tensor_snippet
+from ..strategies._splits import Split, StepInfo, splits
+from ..target import Verdict, _pick_loss
+from . import Diagnosis, KindCheck
+from ._accumulation import Scheme, row_facts, schemes
+from ._tokens import (
+    TokenContext,
+    bitwise_equal,
+    call_guarded,
+    compare_tensor,
+    compare_value,
+    fmt,
+    parameters,
+    require_scalar,
+    tolerance_for,
+)
+
+__all__ = ["KIND", "Accumulated", "StepInputs", "TrainingStepKind", "accumulate"]
+
+TENSORS = ("logprobs", "old_logprobs", "advantages", "response_mask", "ref_logprobs",
+           "rollout_logprobs")  # fmt: skip
+INFO_FIELDS = tuple(f.name for f in dataclasses.fields(StepInfo))
+_OVERRIDES = frozenset(
+    {"eps_low", "eps_high", "dual_clip", "aggregation", "budget", "ratio", "surrogate", "kl",
+     "is_correction", "clip"}
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StepInputs:
+    """One optimizer step: the full batch (canonical tensors) and how it is split."""
+
+    batch: Mapping[str, torch.Tensor]
+    split: Split
+    label: str = ""
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {**self.batch, "split": self.split}
+
+    def to_snippet(self) -> str:
+        body = tensor_snippet(self.batch.items(), comment="pytest-polgrad step: " + self.describe())
+        return body.rstrip() + "\n" + f"split = {self.split.to_python()}\n"
+
+    def describe(self) -> str:
+        mask = self.batch["response_mask"]
+        text = (
+            f"B={mask.shape[0]}, T={mask.shape[1]}, response lengths {mask.sum(dim=1).tolist()}; "
+            f"{self.split.describe()}"
+        )
+        return f"{self.label}: {text}" if self.label else text
+
+
+@dataclasses.dataclass
+class StepContext(TokenContext):
+    oracle: Oracle | None = None
+
+    @property
+    def policy(self) -> PolicyLossConfig:
+        assert isinstance(self.config, PolicyLossConfig)
+        return self.config
+
+
+@dataclasses.dataclass(frozen=True)
+class Accumulated:
+    """The step as the kit accumulated it: loss and ``d loss / d logprobs`` ``[B, T]``."""
+
+    loss: float
+    grad: torch.Tensor
+    changed: tuple[str, ...] = ()
+    """``"rank r micro-batch k: name"`` for every input the function wrote in place."""
+
+
+def _micro_batch(
+    batch: Mapping[str, torch.Tensor], rows: tuple[int, ...], takes: frozenset[str]
+) -> tuple[dict[str, torch.Tensor], int]:
+    mask = batch["response_mask"]
+    index = torch.tensor(rows)
+    cols = torch.arange(mask.shape[1])
+    width = int(torch.where(mask[index], cols + 1, 0).max())
+    out = {}
+    for name in TENSORS:
+        if name in takes and name in batch:
+            t = batch[name][index]
+            out[name] = (t[:, :width] if t.dim() == 2 else t).detach().clone()
+    return out, width
+
+
+def accumulate(
+    ctx: StepContext, inputs: Mapping[str, Any], *, snapshot: bool = False
+) -> Accumulated:
+    """Call the function on every micro-batch of the split; accumulate as a trainer does."""
+    split: Split = inputs["split"]
+    batch = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    mask = batch["response_mask"]
+    grad = torch.zeros(mask.shape, dtype=torch.float64)
+    total = 0.0
+    changed: list[str] = []
+    world = split.world_size
+    for r, rank in enumerate(split.infos(mask)):
+        for info in rank:
+            where = f"rank {r} micro-batch {info.micro_batch} (rows {list(info.rows)})"
+            tensors, width = _micro_batch(batch, info.rows, ctx.takes)
+            kwargs: dict[str, Any] = dict(tensors)
+            lp = kwargs["logprobs"].requires_grad_(True)
+            before = {k: v.detach().clone() for k, v in kwargs.items()} if snapshot else {}
+            for name in INFO_FIELDS:
+                if name in ctx.takes:
+                    kwargs[name] = getattr(info, name)
+            if "step" in ctx.takes:
+                kwargs["step"] = info
+            result = call_guarded(ctx.fn, kwargs, where)
+            if result is None:
+                if lp.grad is None:
+                    raise Verdict(
+                        f"{where}: the function returned None and left no gradient in "
+                        "logprobs.grad; return the loss, or call backward() on it"
+                    )
+                g, value = lp.grad, math.nan
+            else:
+                loss = require_scalar(_pick_loss(result, ctx.options.loss), where)
+                if not loss.requires_grad:
+                    raise Verdict(f"{where}: the returned loss is not differentiable in logprobs")
+                try:
+                    (g_opt,) = torch.autograd.grad(loss, lp, allow_unused=True)
+                except RuntimeError as exc:
+                    raise Verdict(
+                        f"{where}: backward through the returned loss failed: {exc}"
+                    ) from exc
+                if g_opt is None:
+                    raise Verdict(f"{where}: the returned loss does not depend on logprobs")
+                g, value = g_opt, float(loss.detach())
+            index = torch.tensor(info.rows)
+            grad[index, :width] += g.detach().to(torch.float64) / world
+            total += value / world
+            for name, old in before.items():
+                new = kwargs[name].detach()
+                if new.shape != old.shape or not bool(bitwise_equal(new, old).all()):
+                    changed.append(f"{where}: {name}")
+    return Accumulated(total, grad, tuple(changed))
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def _expected(ctx: StepContext, batch: Mapping[str, Any]) -> OracleResult:
+    assert ctx.oracle is not None
+    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    return ctx.oracle(tensors, kink_eps=ctx.tolerance.loosest)
+
+
+def _family_check(family: str) -> Callable[[StepContext, Mapping[str, Any]], float]:
+    """The check of one split family; steps of other families (from the corpus) are left
+    to their own check, so a failure is reported under the split that breaks it."""
+
+    def run(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
+        if inputs["split"].family != family:
+            return 0.0
+        return check_split(ctx, inputs)
+
+    return run
+
+
+def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
+    """Accumulated gradient (per token) and loss equal the full-batch reference's."""
+    split: Split = inputs["split"]
+    acc = accumulate(ctx, inputs)
+    ref = _expected(ctx, inputs)
+    mask = inputs["response_mask"]
+    context = f" with the split {split.describe()}"
+    if not bool(torch.isfinite(acc.grad).all()):
+        raise Verdict(f"the accumulated gradient is not finite{context}")
+    where = mask & ~ref.ambiguous
+    err = compare_tensor(
+        ctx, acc.grad, ref.grad, ref.grad_scale, where, "accumulated d loss / d logprobs", context
+    )
+    if math.isnan(acc.loss):  # the function ran backward() itself and returned nothing
+        return err
+    return max(
+        err,
+        compare_value(ctx, acc.loss, ref.loss, ref.value_scale, ref.n_tokens,
+                      "accumulated loss (summed over micro-batches, mean over ranks)", context),
+    )  # fmt: skip
+
+
+def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
+    acc = accumulate(ctx, inputs)
+    bad = ~inputs["response_mask"] & (acc.grad != 0)
+    if bool(bad.any()):
+        pos = [tuple(p) for p in bad.nonzero()[:4].tolist()]
+        raise CheckFailure(
+            f"the accumulated gradient is not exactly zero at {int(bad.sum())} padding "
+            f"position(s) with the split {inputs['split'].describe()}",
+            entries=[(p, 0.0, float(acc.grad[p])) for p in pos],
+        )
+    return 0.0
+
+
+def check_inputs_unchanged(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
+    acc = accumulate(ctx, inputs, snapshot=True)
+    if acc.changed:
+        raise CheckFailure(
+            f"the function modified its inputs in place: {'; '.join(acc.changed[:4])}"
+        )
+    return 0.0
+
+
+def check_deterministic(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
+    a, b = accumulate(ctx, inputs), accumulate(ctx, inputs)
+    same_loss = (a.loss == b.loss) or (math.isnan(a.loss) and math.isnan(b.loss))
+    if not same_loss or not bool(bitwise_equal(a.grad, b.grad).all()):
+        raise CheckFailure(
+            "two runs of the same step give different results",
+            numbers=[("loss (1st run, 2nd run)", fmt(a.loss), fmt(b.loss))],
+        )
+    return 0.0
+
+
+_CHECKS = (
+    KindCheck("full-batch", "one rank, one micro-batch: loss and gradient equal the reference's",
+              _family_check("full-batch"), domain="full-batch"),
+    KindCheck("micro-batches", "micro-batches accumulated on one rank give the full-batch "
+              "gradient and loss", _family_check("micro-batches"), domain="micro-batches"),
+    KindCheck("data-parallel", "ranks with different token counts, accumulated and "
+              "all-reduce-averaged, give the full-batch gradient and loss",
+              _family_check("data-parallel"), domain="data-parallel"),
+    KindCheck("generation-steps", "steps_per_generation != gradient_accumulation_steps still "
+              "gives the optimizer step's full-batch gradient and loss",
+              _family_check("generation-steps"), domain="generation-steps"),
+    KindCheck("masked-positions", "the accumulated gradient is exactly zero at padding",
+              check_masked_positions, domain="any", semantic=False),
+    KindCheck("inputs-unchanged", "no micro-batch input is modified in place",
+              check_inputs_unchanged, domain="any", semantic=False),
+    KindCheck("deterministic", "two runs of the same step agree bitwise", check_deterministic,
+              domain="any", semantic=False),
+)  # fmt: skip
+
+
+# -------------------------------------------------------------------------- corpus
+
+
+def _corpus_splits() -> dict[str, tuple[str, Split]]:
+    """Named (corpus batch, split): ragged rows of lengths 1, 3, 6, 8 cut every way."""
+    return {
+        "full-batch": ("ragged", Split((((0, 1, 2, 3),),))),
+        "micro-batches": ("ragged", Split((((0,), (1, 2, 3)),))),
+        "micro-batches-even": ("ragged", Split((((0, 1), (2, 3)),))),
+        "one-row-each": ("one-token", Split((((0,), (1,), (2,)),))),
+        "data-parallel": ("ragged", Split((((0,), (1,)), ((2,), (3,))))),
+        "data-parallel-uneven": ("ragged", Split((((0, 1, 2),), ((3,),)))),
+        "generation-double": (
+            "ragged",
+            Split((((0, 1), (2, 3)),), steps_per_generation=4, outside_tokens=11, outside_rows=4),
+        ),
+        "generation-half": ("ragged", Split((((0, 1), (2, 3)),), steps_per_generation=1)),
+    }
+
+
+# ------------------------------------------------------------------------------ kind
+
+
+class TrainingStepKind:
+    """See the module docstring."""
+
+    name = "training_step"
+    summary = (
+        "(micro-batch logprobs, old_logprobs, advantages, response_mask, + StepInfo fields "
+        "such as global_tokens, world_size) -> the micro-batch loss to backward()"
+    )
+    override_keys = _OVERRIDES
+
+    def resolve(self, options: ConformanceOptions) -> PolicyLossConfig:
+        ref = options.reference
+        unknown = set(options.overrides) - _OVERRIDES
+        if unknown:
+            raise MarkerError(
+                f"the training_step kind got unknown override(s) {sorted(unknown)}; "
+                f"allowed: {sorted(_OVERRIDES)}"
+            )
+        if isinstance(ref, PolicyLossConfig):
+            return ref.replace(**options.overrides) if options.overrides else ref
+        if not isinstance(ref, str):
+            raise MarkerError(
+                f"reference must be a registry name or a PolicyLossConfig, got {ref!r}"
+            )
+        try:
+            return get_algorithm(ref).derive(**options.overrides).loss
+        except ValueError as exc:
+            raise MarkerError(str(exc)) from exc
+
+    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
+        if options.checks is None:
+            return list(_CHECKS)
+        return [c for c in _CHECKS if c.name in options.checks]
+
+    def context(
+        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
+    ) -> StepContext:
+        takes = parameters(fn, (*TENSORS, *INFO_FIELDS, "step"))
+        if "logprobs" not in takes:
+            raise Verdict(
+                f"{name!r} has no 'logprobs' parameter; a marked training step takes the "
+                f"micro-batch's keyword tensors among {', '.join(TENSORS)} and StepInfo fields"
+            )
+        cfg: PolicyLossConfig = config
+        notes = set()
+        if cfg.kl_in_loss and "ref_logprobs" not in takes:
+            cfg = cfg.replace(kl=None)
+            notes.add("compared without the reference's as-loss KL term: the step takes no "
+                      "ref_logprobs")  # fmt: skip
+        return StepContext(
+            fn=fn, name=name, options=options, config=cfg, tolerance=tolerance_for(options),
+            takes=takes, notes=notes, oracle=Oracle(cfg),
+        )  # fmt: skip
+
+    def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[StepInputs]:
+        cfg = ctx.policy
+        family = None if check.domain == "any" else check.domain
+        min_rows = 1 if family in (None, "full-batch", "generation-steps") else 2
+        drawn = batches(
+            min_batch=min_rows,
+            max_batch=max(ctx.options.max_batch, min_rows),
+            max_length=ctx.options.max_length,
+            dtype=ctx.tolerance.input_dtype,
+            advantage_shape=ctx.options.advantages,
+            clip=cfg.clip,
+            with_ref_logprobs=cfg.kl_in_loss,
+            with_rollout_logprobs=cfg.is_correction is not None,
+            with_rewards=False,
+            padding="nan" if ctx.options.padding_nan else "garbage",
+        )  # fmt: skip
+
+        @st.composite
+        def _steps(draw: st.DrawFn) -> StepInputs:
+            batch = draw(drawn)
+            tensors = batch.as_kwargs()
+            lengths = tensors["response_mask"].sum(dim=1).tolist()
+            return StepInputs(tensors, draw(splits(lengths, family=family)))
+
+        return _steps()
+
+    def pool_key(self, ctx: Any, check: KindCheck) -> tuple[object, ...]:
+        """Checks of one split family share drawn steps (across functions, too)."""
+        o, cfg = ctx.options, ctx.policy
+        return (check.domain, o.dtype, o.advantages, o.max_batch, o.max_length, o.padding_nan,
+                cfg.clip, cfg.kl_in_loss, cfg.is_correction is not None)  # fmt: skip
+
+    def corpus(self, ctx: Any) -> dict[str, StepInputs]:
+        batches_ = canonical_corpus(
+            dtype=ctx.tolerance.input_dtype, advantages=ctx.options.advantages
+        )
+        return {
+            name: StepInputs(batches_[source], split, label=name)
+            for name, (source, split) in _corpus_splits().items()
+        }
+
+    def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
+        return diagnose_step(ctx, inputs)
+
+    def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
+        return step_snippet(ctx, inputs, check)
+
+    def golden(self, ctx: Any) -> Tolerant:
+        data: dict[str, dict[str, torch.Tensor]] = {}
+        scales: dict[str, EntryScale] = {}
+        for name, inp in self.corpus(ctx).items():
+            try:
+                acc = accumulate(ctx, inp.as_kwargs())
+            except Verdict as exc:
+                raise Verdict(f"on canonical step {name!r}: {exc}") from exc
+            ref = _expected(ctx, inp.as_kwargs())
+            own = acc.grad.abs()
+            data[name] = {"loss": torch.tensor(acc.loss, dtype=torch.float64), "grad": acc.grad}
+            scales[f"{name}/loss"] = EntryScale(max(ref.value_scale, abs(acc.loss) if
+                                                    math.isfinite(acc.loss) else 0.0),
+                                                count=ref.n_tokens)  # fmt: skip
+            scales[f"{name}/grad"] = EntryScale(
+                torch.maximum(ref.grad_scale, own + own.max()), skip=ref.ambiguous
+            )
+        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+
+
+# ------------------------------------------------------------------------- diagnosis
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """Per-row reference pieces: ``d sum_t l[b, t] / d logprobs`` and ``sum_t l[b, t]``."""
+
+    jac: torch.Tensor
+    values: torch.Tensor
+
+
+def _rows(cfg: PolicyLossConfig, batch: Mapping[str, Any]) -> _Rows:
+    x = {
+        k: batch[k].detach().to(torch.float64) if batch[k].is_floating_point() else batch[k]
+        for k in TENSORS
+        if k in batch
+    }
+    lp = x["logprobs"].clone().requires_grad_(True)
+    needed = {"logprobs": lp, "old_logprobs": x["old_logprobs"], "advantages": x["advantages"],
+              "response_mask": x["response_mask"]}  # fmt: skip
+    if cfg.kl_in_loss:
+        needed["ref_logprobs"] = x["ref_logprobs"]
+    if cfg.is_correction is not None:
+        needed["rollout_logprobs"] = x["rollout_logprobs"]
+    out = policy_loss(cfg, **needed)
+    terms = out.token_loss if out.kl is None else out.token_loss + out.kl_coef * out.kl
+    per_row = torch.where(out.response_mask, terms, 0.0).sum(dim=1)
+    (jac,) = torch.autograd.grad(per_row.sum(), lp)
+    return _Rows(jac.detach(), per_row.detach())
+
+
+def _scheme_error(
+    ctx: StepContext, scheme: Scheme, inp: StepInputs, acc: Accumulated, ref: OracleResult
+) -> float:
+    batch = inp.batch
+    mask = batch["response_mask"]
+    rows = _rows(ctx.policy, batch)
+    c = scheme.weights(row_facts(mask, inp.split))
+    grad = c[:, None] * rows.jac
+    where = mask & ~ref.ambiguous
+    err = ctx.tolerance.tensor(acc.grad, grad, ref.grad_scale * 2.0, where)[0].error
+    if math.isfinite(acc.loss):
+        value = float((c * rows.values).sum())
+        err = max(
+            err, ctx.tolerance.value(acc.loss, value, ref.value_scale * 2.0, ref.n_tokens).error
+        )
+    return err
+
+
+def _factor(
+    acc: Accumulated, ref: OracleResult, ctx: StepContext, mask: torch.Tensor
+) -> float | None:
+    """``c`` when the accumulated gradient is ``c`` times the reference's (``c != 1``)."""
+    where = mask & ~ref.ambiguous
+    g, r = acc.grad[where], ref.grad[where]
+    denom = float((r * r).sum())
+    if denom == 0.0:
+        return None
+    c = float((g * r).sum()) / denom
+    if not math.isfinite(c) or abs(c - 1.0) < 1e-9 or c == 0.0:
+        return None
+    scale = ref.grad_scale * max(1.0, abs(c))
+    ok = ctx.tolerance.tensor(acc.grad, c * ref.grad, scale, where)[0].ok
+    return c if ok else None
+
+
+def _meaning(c: float, split: Split) -> str:
+    """What a uniform factor ``c`` usually means for this split."""
+    k, w = split.gradient_accumulation_steps, split.world_size
+    s = split.steps_per_generation
+    assert s is not None
+    known: list[tuple[float, str]] = []
+    if k > 1:
+        known += [
+            (1.0 / k, "divided by the number of accumulation steps twice (or once where the "
+                      "normaliser already covers the whole optimizer step)"),
+            (float(k), "the division by the number of accumulation steps is missing"),
+        ]  # fmt: skip
+    if w > 1:
+        known += [
+            (1.0 / w, "the world-size factor is missing: the all-reduce MEAN divides every "
+                      "gradient by the number of ranks"),
+            (float(w), "multiplied by the world size twice"),
+        ]  # fmt: skip
+    if k > 1 and w > 1:
+        known.append((1.0 / (k * w), "divided by the accumulation steps and the world size "
+                                     "once too often"))  # fmt: skip
+    if s != k:
+        text = (
+            f"normalised by the tokens of the generation batch (steps_per_generation={s} "
+            f"micro-steps), not of one optimizer step (gradient_accumulation_steps={k})"
+        )
+        known += [(k / s, text), (s / k, text)]  # fmt: skip
+    hits = []
+    for value, text in known:
+        if abs(c - value) <= 1e-6 * max(1.0, value) and text not in hits:
+            hits.append(text)
+    return "; or ".join(hits)
+
+
+def diagnose_step(ctx: StepContext, inputs: StepInputs | None) -> Diagnosis:
+    """Which scaling scheme the step matches on the corpus (and the failing step), and, when
+    the gradient is a uniform multiple of the reference's, the factor and its usual cause."""
+    kind = TrainingStepKind()
+    cfg = ctx.policy
+    cases = dict(kind.corpus(ctx))
+    if inputs is not None:
+        cases["failing step"] = inputs
+    candidates = schemes(cfg.aggregation, cfg.budget)
+    errors = dict.fromkeys(range(len(candidates)), 0.0)
+    factor_text = ""
+    for label, inp in cases.items():
+        try:
+            acc = accumulate(ctx, inp.as_kwargs())
+        except Verdict as exc:
+            return Diagnosis(f"no diagnosis: on {label!r}: {exc}", "")
+        ref = _expected(ctx, inp.as_kwargs())
+        for i, scheme in enumerate(candidates):
+            errors[i] = max(errors[i], _scheme_error(ctx, scheme, inp, acc, ref))
+        if label == "failing step" or not factor_text:
+            c = _factor(acc, ref, ctx, inp.batch["response_mask"])
+            if c is not None:
+                meaning = _meaning(c, inp.split)
+                factor_text = (
+                    f"on {label!r} ({inp.split.describe()}) the gradient is {c:.6g}x the "
+                    f"reference's" + (f": {meaning}" if meaning else "")
+                )
+    best = min(errors, key=lambda i: errors[i])
+    reference = candidates[0].text
+    ref_name = ctx.options.reference_id
+    parts = []
+    if errors[best] <= 1.0:
+        s = candidates[best]
+        if s.correct:
+            parts.append(f"this step matches {s.text} (the reference) on the corpus")
+        else:
+            parts.append(
+                f"this step matches {s.text} on the canonical steps (within tolerance); the "
+                f"reference {ref_name!r} is {reference}"
+            )
+        match = s.key
+    else:
+        parts.append(
+            f"no registered scaling scheme matches (closest: {candidates[best].text}, "
+            f"{errors[best]:.3g}x the tolerance); the reference {ref_name!r} is {reference}"
+        )
+        match = ""
+    if factor_text:
+        parts.append(factor_text)
+    return Diagnosis("; ".join(parts), match)
+
+
+# --------------------------------------------------------------------------- snippet
+
+
+def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
+    """Standalone Python: rebuild the step, run the function on every micro-batch,
+    accumulate as the kit does and print loss and gradient next to the reference's."""
+    fn = ctx.fn
+    tensors = [n for n in TENSORS if n in ctx.takes and n in inputs.batch]
+    info = [n for n in INFO_FIELDS if n in ctx.takes] + (["step"] if "step" in ctx.takes else [])
+    lines = [
+        "import torch",
+        f"from {fn.__module__} import {fn.__name__}",
+        "from polgrad_reference import ClipConfig, ISCorrection, KLConfig, PolicyLossConfig, "
+        "policy_loss",
+        "from pytest_polgrad.strategies import Split",
+        "",
+        f"config = {config_source(ctx.policy)}",
+        *[ln for ln in inputs.to_snippet().splitlines() if ln != "import torch"],
+        "cols = torch.arange(response_mask.shape[1])",
+        "grad = torch.zeros(response_mask.shape, dtype=torch.float64)",
+        "total = 0.0",
+        "for rank in split.infos(response_mask):",
+        "    for info in rank:",
+        "        rows = torch.tensor(info.rows)",
+        "        width = int(torch.where(response_mask[rows], cols + 1, 0).max())",
+        "        mb = {",
+        *[f"            {n!r}: {n}[rows]" + ("" if n == "advantages" and
+          inputs.batch[n].dim() == 1 else "[:, :width]") + ".clone()," for n in tensors],
+        "        }",
+        "        mb['logprobs'].requires_grad_(True)",
+        *[f"        mb[{n!r}] = info" + ("" if n == "step" else f".{n}") for n in info],
+        f"        loss = {fn.__name__}(**mb)",
+        "        (g,) = torch.autograd.grad(loss, mb['logprobs'])",
+        "        grad[rows, :width] += g.double() / split.world_size",
+        "        total += loss.item() / split.world_size",
+        "ref_lp = logprobs.detach().double().requires_grad_(True)",
+        "ref_inputs = dict(logprobs=ref_lp, old_logprobs=old_logprobs.double(),",
+        "                  advantages=advantages.double(), response_mask=response_mask)",
+    ]  # fmt: skip
+    assert ctx.oracle is not None
+    lines += [f"ref_inputs['{n}'] = {n}.double()" for n in ctx.oracle.needs]
+    lines += [
+        "expected = policy_loss(config, **ref_inputs).loss",
+        "(expected_grad,) = torch.autograd.grad(expected, ref_lp)",
+        "print('accumulated loss:', total, ' full-batch reference:', expected.item())",
+        "diff = (grad - expected_grad).abs().masked_fill(~response_mask, 0.0)",
+        "print('largest gradient difference:', diff.max().item(),",
+        "      'at (b, t) =', divmod(int(diff.argmax()), diff.shape[1]))",
+        "ratio = (grad * expected_grad).sum() / (expected_grad * expected_grad).sum()",
+        "print('gradient / reference (least squares):', ratio.item())",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+KIND = TrainingStepKind()
