@@ -4,6 +4,7 @@ deliberately wrong twin per check. Each docstring names the bug."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import torch
 
@@ -134,3 +135,118 @@ def grpo_token_mean(
     """micro-batch (and value): token-mean where GRPO means per sequence first."""
     per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
     return _token_mean(per, response_mask)
+
+
+# ------------------------------------------ correct losses for every registry algorithm
+# Written directly from each paper's equation (cited), independently of polgrad_reference,
+# for the sweep test (tests/test_sweep_correct.py).
+
+
+def _seq_mean_token_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:
+    per = torch.where(response_mask, per_token, 0.0)
+    return (per.sum(dim=1) / response_mask.sum(dim=1)).mean()
+
+
+def ppo(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """PPO clip, eps 0.2 (arXiv:1707.06347 Eq. 7), token-mean."""
+    per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
+    return _token_mean(per, response_mask)
+
+
+reinforce_pp = ppo
+"""REINFORCE++ (arXiv:2501.03262): PPO clip 0.2, token-mean; its KL sits in the reward."""
+
+
+def grpo(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_logprobs: Tensor,
+) -> Tensor:
+    """GRPO (arXiv:2402.03300 Eq. 3-4): seq-mean-token-mean of the clipped surrogate plus
+    0.04 * the k3 estimate ``exp(ref - lp) - (ref - lp) - 1``, aggregated the same way."""
+    per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
+    d = torch.where(response_mask, ref_logprobs - logprobs, 0.0)
+    k3 = torch.exp(d) - d - 1.0
+    return _seq_mean_token_mean(per, response_mask) + 0.04 * _seq_mean_token_mean(k3, response_mask)
+
+
+def grpo_tis(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+) -> Tensor:
+    """GRPO with truncated token-level importance sampling (verl#2953): each token's
+    surrogate is weighted by the constant ``min(exp(old - rollout), 2)``."""
+    per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
+    w = torch.exp(torch.where(response_mask, old_logprobs - rollout_logprobs, 0.0)).clamp(max=2.0)
+    d = torch.where(response_mask, ref_logprobs - logprobs, 0.0)
+    k3 = torch.exp(d) - d - 1.0
+    return _seq_mean_token_mean(w * per, response_mask) + 0.04 * _seq_mean_token_mean(
+        k3, response_mask
+    )
+
+
+def dr_grpo(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """Dr.GRPO (arXiv:2503.20783 Sec. 3.1): token sum over B * the generation budget 4096."""
+    per = _ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, 0.2)
+    return torch.where(response_mask, per, 0.0).sum() / (response_mask.shape[0] * 4096)
+
+
+def _gspo_ratio(logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor) -> Tensor:
+    lr = torch.where(response_mask, logprobs - old_logprobs, 0.0)
+    return torch.exp(lr.sum(dim=1) / response_mask.sum(dim=1))[:, None]
+
+
+def _gspo_per_token(ratio: Tensor, advantages: Tensor) -> Tensor:
+    a = advantages[:, None]
+    return torch.maximum(-a * ratio, -a * ratio.clamp(1 - 3e-4, 1 + 4e-4))
+
+
+def gspo(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """GSPO (arXiv:2507.18071 Eq. 5-7): sequence ratio ``exp(mean_t lr)``, clip 3e-4/4e-4."""
+    s = _gspo_ratio(logprobs, old_logprobs, response_mask).expand_as(logprobs)
+    return _seq_mean_token_mean(_gspo_per_token(s, advantages), response_mask)
+
+
+def gspo_token(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """GSPO-token (arXiv:2507.18071 Eq. 13): ``sg(s) * exp(lp - sg(lp))`` per token."""
+    s = _gspo_ratio(logprobs, old_logprobs, response_mask).detach()
+    lp = torch.where(response_mask, logprobs, 0.0)
+    r = s * torch.exp(lp - lp.detach())
+    return _seq_mean_token_mean(_gspo_per_token(r, advantages), response_mask)
+
+
+def rloo(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """RLOO (arXiv:2402.14740): REINFORCE ``-A * sum_t log pi`` per sequence, mean over rows."""
+    per = torch.where(response_mask, -advantages[:, None] * logprobs, 0.0)
+    return per.sum(dim=1).mean()
+
+
+CORRECT: dict[str, Callable[..., Tensor]] = {
+    "cispo": cispo,
+    "dapo": dapo,
+    "dr_grpo": dr_grpo,
+    "grpo": grpo,
+    "grpo_tis": grpo_tis,
+    "gspo": gspo,
+    "gspo_token": gspo_token,
+    "ppo": ppo,
+    "reinforce_pp": reinforce_pp,
+    "rloo": rloo,
+}
+"""A correct loss for every registry algorithm, by name (cispo: eps_high 2.0 as its entry)."""
