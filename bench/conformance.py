@@ -1,18 +1,28 @@
-"""Benchmark: cost of the conformance engine against the computation it must do anyway.
+"""Benchmark: the four figures of issue 8 section 1, medians over runs in one process.
 
-1. value + gradient checks of a correct GRPO loss at 100 examples each, against the bare
-   forward+backward of the function plus the oracle on the very same batches (recorded
-   during the run and replayed);
-2. a full default run (every check, 100 examples) of one marked function.
+1. a full default run (every applicable check, 100 examples) of one correct marked
+   function, from a cold process state (each run uses a fresh ``--polgrad-seed``, so no
+   pooled batch or cached oracle result of an earlier run is reused);
+2. ten correct marked functions with the same options, in one process, in total;
+3. the value + gradient checks of one correct function against the bare forward+backward
+   of the function plus the oracle on the very same (distinct) batches, recorded during
+   the run and replayed;
+4. the failing path: the value check of a wrong loss (clip eps 0.3 against "grpo"), with
+   the search, shrinking, diagnosis and report.
 
-Medians over repeated runs in one process. Run: ``python bench/conformance.py``.
+Only the public engine entry points are used, so the same script times an older checkout
+(``PYTHONPATH=/path/to/old/checkout python bench/conformance.py``). Targets (issue 8):
+(1) <= 1.0 s, (2) <= 4 s, (3) <= 1.5x, (4) no slower than before.
+Run: ``python bench/conformance.py [--runs 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,18 +33,41 @@ from pytest_polgrad.options import parse_marker
 Tensor = torch.Tensor
 
 
-def grpo_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
-) -> Tensor:
-    """A correct hand-written GRPO policy term (seq-mean-token-mean, clip 0.2)."""
-    ratio = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
-    a = advantages[:, None]
-    per = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
-    per = torch.where(response_mask, per, 0.0)
-    return (per.sum(dim=1) / response_mask.sum(dim=1)).mean()
+def _grpo(eps: float) -> Callable[..., Tensor]:
+    def loss(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        """A hand-written GRPO policy term (seq-mean-token-mean, clip ``eps``)."""
+        ratio = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+        a = advantages[:, None]
+        per = torch.maximum(-a * ratio, -a * ratio.clamp(1.0 - eps, 1.0 + eps))
+        per = torch.where(response_mask, per, 0.0)
+        return (per.sum(dim=1) / response_mask.sum(dim=1)).mean()
+
+    return loss
 
 
-def bare(ctx: Any, batch: dict[str, Tensor]) -> None:
+grpo_loss = _grpo(0.2)
+wrong_eps_loss = _grpo(0.3)
+
+
+def _full_run(fn: Callable[..., Any], options: Any, seed: int, examples: int) -> None:
+    for check in applicable_checks(resolve_config(options), options):
+        ctx = build_context(fn, options)
+        result = run_check(ctx, check, max_examples=examples, base_seed=seed, diagnose=False)
+        assert result.passed, result.report
+
+
+def _digest(batch: dict[str, Tensor]) -> bytes:
+    h = hashlib.sha1()
+    for name in ("logprobs", "old_logprobs", "advantages", "response_mask"):
+        t = batch[name]
+        h.update(str((name, tuple(t.shape), t.dtype)).encode())
+        h.update(t.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.digest()
+
+
+def _bare(ctx: Any, batch: dict[str, Tensor]) -> None:
     """What any comparison needs: the function's and the oracle's forward+backward."""
     lp = batch["logprobs"].detach().clone().requires_grad_()
     inputs = {k: batch[k] for k in ("old_logprobs", "advantages", "response_mask")}
@@ -42,86 +75,75 @@ def bare(ctx: Any, batch: dict[str, Tensor]) -> None:
     ctx.oracle(batch, kink_eps=ctx.tolerance.loosest)
 
 
-def generation_floor(ctx: Any, examples: int, seed: int) -> float:
-    """Seconds Hypothesis needs to draw ``examples`` batches of the value check's strategy
-    and run a property that does nothing: the floor under any Hypothesis-driven check."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as fix_seed
-
-    from pytest_polgrad.engine import _strategy
-
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        phases=(Phase.explicit, Phase.generate),
-        suppress_health_check=list(HealthCheck),
-    )
-    @fix_seed(seed)
-    @given(batch=_strategy(ctx, "value"))
-    def noop(batch: Any) -> None:
-        pass
-
-    t0 = time.perf_counter()
-    noop()
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--examples", type=int, default=100)
-    parser.add_argument("--max-batch", type=int, default=8, help="marker option max_batch")
-    parser.add_argument("--max-length", type=int, default=256, help="marker option max_length")
+    parser.add_argument("--seed", type=int, default=1000, help="first run's base seed")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    sizes = {"max_batch": args.max_batch, "max_length": args.max_length}
-    options = parse_marker(("grpo",), sizes)
-    engine_t, bare_t, full_t, floor_t = [], [], [], []
-    recorded: list[dict[str, Tensor]] = []
+    options = parse_marker(("grpo",), {})
+    n_checks = len(applicable_checks(resolve_config(options), options))
+    full_t, ten_t, vg_t, bare_t, fail_t = [], [], [], [], []
+    recorded: dict[bytes, dict[str, Tensor]] = {}
 
     def recording_loss(
         logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
     ) -> Tensor:
         batch = dict(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-        recorded.append(
-            {k: v.detach() for k, v in batch.items()} | {"response_mask": response_mask}
-        )
+        batch = {k: v.detach().clone() for k, v in batch.items()}
+        batch["response_mask"] = response_mask.clone()
+        recorded.setdefault(_digest(batch), batch)
         return grpo_loss(logprobs, old_logprobs, advantages, response_mask)
 
-    for run in range(args.runs):
+    seed = args.seed
+    for _ in range(args.runs):
+        seed += 1
+        t0 = time.perf_counter()
+        _full_run(grpo_loss, options, seed, args.examples)
+        full_t.append(time.perf_counter() - t0)
+
+        seed += 1
+        ten = [_grpo(0.2) for _ in range(10)]  # ten distinct function objects
+        t0 = time.perf_counter()
+        for fn in ten:
+            _full_run(fn, options, seed, args.examples)
+        ten_t.append(time.perf_counter() - t0)
+
+        seed += 1
         recorded.clear()
         ctx = build_context(recording_loss, options)
         t0 = time.perf_counter()
         for check in ("value", "gradient"):
-            result = run_check(ctx, check, max_examples=args.examples, base_seed=run)
+            result = run_check(ctx, check, max_examples=args.examples, base_seed=seed)
             assert result.passed, result.report
-        engine_t.append(time.perf_counter() - t0)
+        vg_t.append(time.perf_counter() - t0)
+        batches = list(recorded.values())
         t0 = time.perf_counter()
-        for batch in recorded:  # the very batches the two checks evaluated
-            bare(ctx, batch)
+        for batch in batches:
+            _bare(ctx, batch)
         bare_t.append(time.perf_counter() - t0)
-        floor_t.append(2 * generation_floor(ctx, args.examples, run))
+
+        seed += 1
+        ctx = build_context(wrong_eps_loss, options)
         t0 = time.perf_counter()
-        for check in applicable_checks(resolve_config(options), options):
-            run_check(
-                build_context(grpo_loss, options), check, max_examples=args.examples, base_seed=run
-            )
-        full_t.append(time.perf_counter() - t0)
-    eng, bar, full, floor = (statistics.median(x) for x in (engine_t, bare_t, full_t, floor_t))
+        result = run_check(ctx, "value", max_examples=args.examples, base_seed=seed)
+        fail_t.append(time.perf_counter() - t0)
+        assert not result.passed
+
+    full, ten_s, vg, bare, fail = (
+        statistics.median(x) for x in (full_t, ten_t, vg_t, bare_t, fail_t)
+    )
     print(
         f"torch {torch.__version__}, 1 thread, {args.examples} examples per check, "
-        f"{args.runs} runs, batches up to B={args.max_batch}, T={args.max_length}"
+        f"{args.runs} runs (medians), reference 'grpo', default options"
     )
-    print(f"value+gradient checks        median {eng:7.3f} s")
-    print(f"bare fwd+bwd fn + oracle     median {bar:7.3f} s  (same {len(recorded)} batches)")
-    print(f"ratio engine / bare          {eng / bar:7.3f}")
-    print(f"generation floor (2 no-op properties) {floor:7.3f} s")
-    print(f"engine's own overhead        {eng - bar - floor:7.3f} s beyond floor + bare")
-    print(
-        f"full default run, all {len(applicable_checks(resolve_config(options), options))} "
-        f"checks  median {full:7.3f} s"
-    )
+    print(f"1. full default run, {n_checks} checks, one function   {full:7.3f} s   (target <= 1.0)")
+    print(f"2. ten functions, same options, one process   {ten_s:7.3f} s   (target <= 4)")
+    print(f"3. value+gradient checks                      {vg:7.3f} s")
+    print(f"   bare fwd+bwd of fn + oracle, same batches  {bare:7.3f} s   ({len(batches)} batches)")
+    print(f"   ratio                                      {vg / bare:7.3f} x   (target <= 1.5)")
+    print(f"4. failing path (value, search+shrink+report) {fail:7.3f} s")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,15 @@
-"""The conformance engine: run one named check of one function with Hypothesis.
+"""The conformance engine: run one named check of one function, for any kind of target.
 
-Each check is a Hypothesis property over batches drawn for the reference config; the
-first failure is shrunk to a minimal batch and turned into a :class:`CheckResult` with a
-full report. Runs are deterministic: the seed of every (function, reference, check)
-is derived with SHA-256 from ``--polgrad-seed``, so every xdist worker and every rerun
-draws the same batches. The Hypothesis example database is not used: nothing the user
-stored there is read or written.
+A check runs, in order, on the kind's canonical corpus (explicit inputs, so a difference
+visible there is never missed at any budget or seed), then on a pool of drawn inputs
+shared by every check and every marked function with the same batch-shaping options.
+The pool is drawn once per process by Hypothesis (a property that only records its
+inputs), with the seed the search uses; Hypothesis searches and shrinks only when a
+pooled input fails, and with the same seed it meets the same inputs in the same order, so
+it reproduces the failure and shrinks it. Seeds derive with SHA-256 from
+``--polgrad-seed``, the kind and the batch-shaping options, never from the function's
+name: every xdist worker, every rerun and every renaming draws the same inputs. The
+Hypothesis example database is not used: nothing the user stored there is read or written.
 """
 
 from __future__ import annotations
@@ -13,31 +17,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-import torch
-from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis import strategies as st
+from .targets import Diagnosis, Kind, KindCheck, KindContext, get_kind
 
-from polgrad_reference import PolicyLossConfig, get_algorithm
+__all__ = [
+    "CheckResult",
+    "applicable_checks",
+    "build_context",
+    "checks_for",
+    "clear_pools",
+    "derive_seed",
+    "kind_of",
+    "resolve_config",
+    "run_check",
+]
 
-from .checks import CHECKS, CheckFailure, Context
-from .options import ConformanceOptions
-from .oracle import Oracle
-from .report import failure_report
-from .strategies import EXTREME, Batch, batches
-from .target import FunctionUnderTest, Verdict
-from .tolerance import Tolerance
-
-__all__ = ["CheckResult", "applicable_checks", "build_context", "resolve_config", "run_check"]
-
-_DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+NON_DETERMINISTIC = "the function returned different results for the same batch on two calls"
+"""The verdict of a function whose failure does not reproduce on the same input."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +56,7 @@ class CheckResult:
     match: str = ""
     """Short form of the diagnosis, for the summary table."""
     notes: tuple[str, ...] = ()
+    kind: str = "policy_loss"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible data (a non-finite ``worst`` becomes the string "inf")."""
@@ -65,85 +65,233 @@ class CheckResult:
         return data
 
 
-def resolve_config(options: ConformanceOptions) -> PolicyLossConfig:
-    """The reference loss config with the marker's overrides applied."""
-    ref = options.reference
-    if isinstance(ref, PolicyLossConfig):
-        return ref.replace(**options.overrides) if options.overrides else ref
-    assert isinstance(ref, str)
-    return get_algorithm(ref).derive(**options.overrides).loss
+def _kind_name(options: Any) -> str:
+    return str(getattr(options, "kind", "policy_loss"))
 
 
-def build_context(fn: Callable[..., Any], options: ConformanceOptions) -> Context:
+def kind_of(options: Any) -> Kind:
+    """The :class:`~pytest_polgrad.targets.Kind` that ``options`` names."""
+    return get_kind(_kind_name(options))
+
+
+def resolve_config(options: Any) -> Any:
+    """The kind's reference config for the marker (reference + overrides)."""
+    return kind_of(options).resolve(options)
+
+
+def build_context(fn: Callable[..., Any], options: Any, name: str | None = None) -> Any:
     """Wire a function, its reference oracle and the tolerance model together.
 
-    A function without a ``ref_logprobs`` parameter is compared with the reference's KL
-    term removed, and the report says so.
+    ``name`` is the name pytest collected the function under (default its
+    ``__qualname__``); reports, snippets and summary rows use it.
     """
-    fut = FunctionUnderTest(fn, options)
-    cfg = resolve_config(options)
-    notes = set()
-    if cfg.kl_in_loss and not fut.takes_ref:
-        cfg = cfg.replace(kl=None)
-        notes.add(
-            "compared without the reference's as-loss KL term: the function takes no "
-            "ref_logprobs (most current GRPO setups train without it)"
-        )
-    tol = Tolerance(_DTYPES[options.dtype], strict=options.strict, factor=options.tolerance)
-    ctx = Context(fut=fut, oracle=Oracle(cfg), tolerance=tol, options=options)
-    ctx.notes |= notes
-    return ctx
+    kind = kind_of(options)
+    label = name if name is not None else str(getattr(fn, "__qualname__", repr(fn)))
+    return kind.context(fn, label, kind.resolve(options), options)
 
 
-def applicable_checks(cfg: PolicyLossConfig, options: ConformanceOptions) -> list[str]:
+def _restrict(names: list[str], options: Any) -> list[str]:
+    wanted = getattr(options, "checks", None)
+    return names if wanted is None else [n for n in names if n in wanted]
+
+
+def applicable_checks(cfg: Any, options: Any) -> list[str]:
     """Names of the checks that generate items for this config and options, in order."""
-    names = [n for n, c in CHECKS.items() if c.applies(cfg, options)]
-    if options.checks is not None:
-        names = [n for n in names if n in options.checks]
-    return names
+    return _restrict([c.name for c in kind_of(options).checks(cfg, options)], options)
 
 
-def derive_seed(base: int, *parts: str) -> int:
-    """Stable 64-bit seed for a check (SHA-256, not Python's salted ``hash``)."""
-    digest = hashlib.sha256(":".join([str(base), *parts]).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
+def checks_for(options: Any) -> list[str]:
+    """Names of the checks that generate items for ``options``, in report order."""
+    return applicable_checks(resolve_config(options), options)
 
 
-def _strategy(ctx: Context, check_name: str) -> st.SearchStrategy[Any]:
-    check = CHECKS[check_name]
-    cfg = ctx.config
-    dtype = ctx.tolerance.input_dtype
-    # Keep a plain loss representable in the input dtype: |A| * exp(gap) summed over up to
-    # max_batch * max_length tokens (binds for float16 only: gap <= log(65504 / 8192)).
-    tokens = ctx.options.max_batch * ctx.options.max_length
-    cap = max(1.0, math.log(torch.finfo(dtype).max / (4.0 * tokens)))
-    bound = min(EXTREME.max_log_ratio, cap) if check.domain == "extreme" else None
-    drawn = batches(
-        max_log_ratio=bound,
-        clip=cfg.clip,
-        domain=check.domain,
-        dtype=dtype,
-        advantage_shape=ctx.options.advantages,  # type: ignore[arg-type]
-        with_ref_logprobs=cfg.kl_in_loss,
-        with_rollout_logprobs=cfg.is_correction is not None,
-        with_rewards=False,
-        max_batch=ctx.options.max_batch,
-        max_length=ctx.options.max_length,
-        padding="nan" if ctx.options.padding_nan else "garbage",
+def _find_check(kind: Kind, ctx: KindContext, name: str) -> KindCheck:
+    lookup = getattr(kind, "check", None)
+    if lookup is not None:
+        found: KindCheck | None = lookup(name)
+        if found is not None:
+            return found
+    config = getattr(ctx, "config", None)
+    if config is None:
+        config = kind.resolve(ctx.options)
+    checks = {c.name: c for c in kind.checks(config, ctx.options)}
+    if name not in checks:
+        raise ValueError(
+            f"check must be one of {', '.join(map(repr, checks))} for kind {kind.name!r}, "
+            f"got {name!r}"
+        )
+    return checks[name]
+
+
+def derive_seed(base: int, *parts: object) -> int:
+    """Stable 64-bit seed (SHA-256 of the parts' ``repr``, not Python's salted ``hash``)."""
+    text = ":".join([str(base), *(p if isinstance(p, str) else repr(p) for p in parts)])
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+# ---- the shared pool ------------------------------------------------------------------
+
+_POOLS: OrderedDict[tuple[Hashable, ...], tuple[tuple[Any, ...], tuple[Any, ...]]] = OrderedDict()
+_POOL_LIMIT = 32
+
+
+def clear_pools() -> None:
+    """Forget every pooled input (tests and benchmarks that need a cold start)."""
+    _POOLS.clear()
+
+
+def _pool_key(kind: Kind, ctx: KindContext, check: KindCheck) -> Hashable:
+    key = getattr(kind, "pool_key", None)
+    if key is not None:
+        found: Hashable = key(ctx, check)
+        return found
+    return (check.name, repr(ctx.options))  # no sharing across checks without a key
+
+
+def _settings(max_examples: int, *, shrink: bool) -> Callable[[Any], Any]:
+    from hypothesis import HealthCheck, Phase, settings
+
+    phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=phases,
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+        print_blob=False,
     )
-    return drawn.map(_on_policy) if check.on_policy else drawn
 
 
-def _on_policy(batch: Batch) -> Batch:
-    """The same batch with ``old_logprobs`` (and ``rollout_logprobs``) set to ``logprobs``."""
-    rollout = None if batch.rollout_logprobs is None else batch.logprobs.clone()
-    return dataclasses.replace(
-        batch, plan=None, old_logprobs=batch.logprobs.clone(), rollout_logprobs=rollout
-    )
+def _draw_pool(strategy: Any, seed: int, max_examples: int) -> tuple[Any, ...]:
+    """The inputs Hypothesis generates for ``strategy`` under ``seed``, in order."""
+    from hypothesis import given
+    from hypothesis import seed as fix_seed
+
+    drawn: list[Any] = []
+
+    @_settings(max_examples, shrink=False)
+    @fix_seed(seed)
+    @given(inputs=strategy)
+    def record(inputs: Any) -> None:
+        drawn.append(inputs)
+
+    record()
+    return tuple(drawn)
+
+
+def _cached(key: tuple[Hashable, ...], make: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    if key in _POOLS:
+        _POOLS.move_to_end(key)
+        return _POOLS[key]
+    _POOLS[key] = made = make()
+    while len(_POOLS) > _POOL_LIMIT:
+        _POOLS.popitem(last=False)
+    return made
+
+
+def _pool(
+    kind: Kind, ctx: KindContext, check: KindCheck, seed: int, budget: int
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """``(drawn, extra)`` within ``budget`` inputs: the kind's ``extra_inputs`` (e.g.
+    realistic sizes, too costly for every drawn example) take one eighth of the budget,
+    rounded up, and Hypothesis draws the rest for the pool's seed."""
+    key = (kind.name, _pool_key(kind, ctx, check), seed)
+    hook = getattr(kind, "extra_inputs", None)
+    extra: tuple[Any, ...] = ()
+    if hook is not None and budget > 0:
+        extra = _cached((*key, "extra"), lambda: tuple(hook(ctx, check, seed)))
+        extra = extra[: -(-budget // 8)]
+    n = budget - len(extra)
+    drawn: tuple[Any, ...] = ()
+    if n > 0:
+        drawn = _cached((*key, n), lambda: _draw_pool(kind.strategy(ctx, check), seed, n))
+    return drawn, extra
+
+
+# ---- running a check ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Found:
+    inputs: Any
+    exc: AssertionError
+    source: str
+    """Where the failing input came from: 'corpus batch <name>', 'pool', 'search'."""
+    shrunk: bool = False
+
+
+def _failures() -> tuple[type[BaseException], ...]:
+    from .checks import CheckFailure
+    from .target import Verdict
+
+    return (CheckFailure, Verdict)
+
+
+def _prepare(check: KindCheck, inputs: Any) -> Any:
+    prepare = getattr(check, "prepare", None)
+    return inputs if prepare is None else prepare(inputs)
+
+
+def _attempt(ctx: KindContext, check: KindCheck, inputs: Any) -> AssertionError | None:
+    try:
+        check.run(ctx, inputs.as_kwargs())
+    except _failures() as exc:
+        assert isinstance(exc, AssertionError)
+        return exc
+    return None
+
+
+def _search(
+    ctx: KindContext, check: KindCheck, strategy: Any, seed: int, max_examples: int
+) -> tuple[_Found | None, int, bool]:
+    """Hypothesis search + shrink; ``(found, examples, flaky)``. ``flaky`` is True when
+    Hypothesis saw a failure it could not reproduce on the same input."""
+    from hypothesis import given
+    from hypothesis import seed as fix_seed
+    from hypothesis.errors import HypothesisException
+
+    counter = [0]
+    last: list[Any] = [None]
+    prepare = getattr(check, "prepare", None)
+
+    @_settings(max_examples, shrink=True)
+    @fix_seed(seed)
+    @given(inputs=strategy)
+    def prop(inputs: Any) -> None:
+        counter[0] += 1
+        prepared = inputs if prepare is None else prepare(inputs)
+        last[0] = prepared
+        check.run(ctx, prepared.as_kwargs())
+
+    try:
+        prop()
+    except _failures() as exc:
+        assert isinstance(exc, AssertionError)
+        return _Found(last[0], exc, "search", shrunk=True), counter[0], False
+    except HypothesisException:  # FlakyFailure, FlakyStrategyDefinition, ...
+        return None, counter[0], True
+    return None, counter[0], False
+
+
+def _candidates(
+    kind: Kind, ctx: KindContext, check: KindCheck, seed: int, max_examples: int
+) -> Iterator[tuple[str, Any]]:
+    """The corpus (always whole, whatever the budget), then the pool: ``max_examples``
+    inputs in all when the budget exceeds the corpus."""
+    corpus = kind.corpus(ctx)
+    for name, inputs in corpus.items():
+        yield f"canonical corpus batch {name!r}", inputs
+    drawn, extra = _pool(kind, ctx, check, seed, max(max_examples - len(corpus), 0))
+    for inputs in drawn:
+        yield "pool", inputs
+    for inputs in extra:
+        yield "pool (a realistic-size batch)", inputs
 
 
 def run_check(
-    ctx: Context,
+    ctx: KindContext,
     check_name: str,
     *,
     max_examples: int,
@@ -151,51 +299,160 @@ def run_check(
     replay: str = "",
     diagnose: bool = True,
 ) -> CheckResult:
-    """Run one check to completion: pass, or fail with a shrunk batch and a report."""
-    check = CHECKS[check_name]
-    counter = [0]
-    last: list[Any] = [None]
+    """Run one check to completion: pass, or fail with the smallest input found and a report.
 
-    @settings(
-        max_examples=max_examples,
-        deadline=None,
-        database=None,
-        derandomize=False,
-        phases=(Phase.explicit, Phase.generate, Phase.shrink),
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-        print_blob=False,
-    )
-    @seed(derive_seed(base_seed, ctx.fut.name, ctx.options.reference_id, check_name))
-    @given(batch=_strategy(ctx, check_name))
-    def prop(batch: Any) -> None:
-        counter[0] += 1
-        last[0] = batch
-        check.run(ctx, batch.as_kwargs())
-
+    Every corpus input and every pooled input runs (``examples`` counts them); on the
+    first failure Hypothesis searches and shrinks with the pool's seed. A failure that
+    does not happen again on the same input is the verdict :data:`NON_DETERMINISTIC`.
+    """
+    kind = kind_of(ctx.options)
+    check = _find_check(kind, ctx, check_name)
+    seed = derive_seed(base_seed, kind.name, _pool_key(kind, ctx, check))
+    examples = 0
+    found: _Found | None = None
+    for source, raw in _candidates(kind, ctx, check, seed, max_examples):
+        inputs = _prepare(check, raw)
+        examples += 1
+        exc = _attempt(ctx, check, inputs)
+        if exc is not None:
+            found = _Found(inputs, exc, source)
+            break
     result = CheckResult(
-        function=ctx.fut.name,
-        reference=ctx.options.reference_id,
-        check=check_name,
-        passed=True,
-        examples=0,
-        worst=0.0,
+        function=ctx.name,
+        reference=str(getattr(ctx.options, "reference_id", "")),
+        check=check.name,
+        passed=found is None,
+        examples=examples,
+        worst=ctx.worst,
+        kind=kind.name,
     )
-    try:
-        prop()
-    except (CheckFailure, Verdict) as exc:
-        report, diagnosis, match = failure_report(
-            ctx, check, exc, last[0], replay, diagnose=diagnose
-        )
-        result = dataclasses.replace(
-            result,
-            passed=False,
-            worst=max(ctx.worst, getattr(exc, "error", math.inf)),
-            message=str(exc),
-            report=report,
-            diagnosis=diagnosis,
-            match=match,
-        )
+    if found is None:
+        return dataclasses.replace(result, notes=tuple(sorted(ctx.notes)))
+    found, searched = _refine(kind, ctx, check, found, seed, max_examples)
+    report, diagnosis, match = _report(kind, ctx, check, found, replay, diagnose=diagnose)
+    exc = found.exc
+    return dataclasses.replace(
+        result,
+        examples=examples + searched,
+        worst=max(ctx.worst, float(getattr(exc, "error", math.inf))),
+        message=str(exc),
+        report=report,
+        diagnosis=diagnosis,
+        match=match,
+        notes=tuple(sorted(ctx.notes)),
+    )
+
+
+def _refine(
+    kind: Kind,
+    ctx: KindContext,
+    check: KindCheck,
+    found: _Found,
+    seed: int,
+    max_examples: int,
+) -> tuple[_Found, int]:
+    """Shrink a found failure (Hypothesis first, then the kind's own shrinker), or turn a
+    failure that does not reproduce into the non-determinism verdict."""
+    from .target import Verdict
+
+    again = _attempt(ctx, check, found.inputs)
+    if again is None:
+        return _non_deterministic(found), 0
+    found.exc = again
+    hit, searched, flaky = _search(ctx, check, kind.strategy(ctx, check), seed, max_examples)
+    if flaky:
+        return _non_deterministic(found), searched
+    if hit is not None:
+        return hit, searched
+    shrink = getattr(kind, "shrink", None)
+    if shrink is not None and not isinstance(found.exc, Verdict):
+        smaller = shrink(ctx, found.inputs, lambda x: _attempt(ctx, check, x) is not None)
+        if smaller is not found.inputs:
+            exc = _attempt(ctx, check, smaller)
+            if exc is not None:
+                found = _Found(smaller, exc, found.source + ", reduced by the kit's shrinker")
+    ctx.notes.add(
+        f"the failing input was found in the {found.source} and not shrunk by Hypothesis "
+        f"(its search did not reproduce it within {max_examples} examples)"
+    )
+    return found, searched
+
+
+def _non_deterministic(found: _Found) -> _Found:
+    from .target import Verdict
+
+    verdict = Verdict(
+        f"{NON_DETERMINISTIC} (first: {found.exc}; then it passed, or Hypothesis saw the "
+        "same input give a different outcome)"
+    )
+    return _Found(found.inputs, verdict, found.source)
+
+
+def _report(
+    kind: Kind,
+    ctx: KindContext,
+    check: KindCheck,
+    found: _Found,
+    replay: str,
+    *,
+    diagnose: bool,
+) -> tuple[str, str, str]:
+    custom = getattr(kind, "report", None)
+    if custom is not None:
+        text, diagnosis, match = custom(ctx, check, found.exc, found.inputs, replay, diagnose)
     else:
-        result = dataclasses.replace(result, worst=ctx.worst)
-    return dataclasses.replace(result, examples=counter[0], notes=tuple(sorted(ctx.notes)))
+        text, diagnosis, match = _generic_report(kind, ctx, check, found, replay, diagnose)
+    if not found.shrunk:
+        text = text.replace(
+            "(the smallest Hypothesis found)", f"(found in the {found.source}; not shrunk)"
+        )
+    return str(text), str(diagnosis), str(match)
+
+
+def _generic_report(
+    kind: Kind,
+    ctx: KindContext,
+    check: KindCheck,
+    found: _Found,
+    replay: str,
+    diagnose: bool,
+) -> tuple[str, str, str]:
+    """A report from the contract alone: property, verdict, numbers, diagnosis, snippet."""
+    from .target import Verdict
+
+    exc = found.exc
+    label = "verdict" if isinstance(exc, Verdict) else "finding"
+    ref = getattr(ctx.options, "reference_id", "")
+    how = "the smallest Hypothesis found" if found.shrunk else f"found in the {found.source}"
+    out = [
+        f"{ctx.name} does not conform to {ref!r}: check {check.name!r} failed",
+        f"  property   {check.summary}",
+        f"  {label:<10} {exc}",
+        f"  inputs     {found.inputs.describe()} ({how})",
+    ]
+    out += _tables(exc)
+    diagnosis = match = ""
+    if diagnose and check.semantic and not isinstance(exc, Verdict):
+        d: Diagnosis = kind.diagnose(ctx, found.inputs)
+        diagnosis, match = d.text, d.match
+        out += ["", f"  diagnosis  {diagnosis}"]
+    if ctx.notes:
+        out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
+    out += ["", "  reproduce (standalone):", ""]
+    out += ["    " + ln if ln else "" for ln in kind.snippet(ctx, found.inputs, check).splitlines()]
+    if replay:
+        out += ["", f"  replay     {replay}"]
+    return "\n".join(out), diagnosis, match
+
+
+def _tables(exc: BaseException) -> list[str]:
+    out: list[str] = []
+    numbers: Sequence[tuple[str, str, str]] = getattr(exc, "numbers", [])
+    if numbers:
+        out += ["", f"  {'quantity':<28} {'expected':>24} {'actual':>24}"]
+        out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
+    entries: Sequence[tuple[Any, float, float]] = getattr(exc, "entries", [])
+    if entries:
+        out += ["", f"  {'position':<28} {'expected':>24} {'actual':>24}"]
+        out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
+    return out

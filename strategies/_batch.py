@@ -262,6 +262,10 @@ class Batch:
             parts += [f"domain={self.plan.domain!r}", f"seed={self.plan.seed}"]
         return ", ".join(parts)
 
+    def describe(self) -> str:
+        """One line for reports: ``B=3, T=5, response lengths [1, 5, 2]``."""
+        return f"B={self.batch_size}, T={self.width}, response lengths {list(self.lengths)}"
+
     def to_snippet(self) -> str:
         """Standalone Python (only ``import torch``) building these exact tensors."""
         return snippet(self.as_kwargs().items(), comment="pytest-polgrad batch: " + self._summary())

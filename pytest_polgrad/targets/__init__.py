@@ -32,7 +32,16 @@ if TYPE_CHECKING:
 
     from ..options import ConformanceOptions
 
-__all__ = ["KINDS", "Diagnosis", "Inputs", "Kind", "KindCheck", "KindContext", "get_kind"]
+__all__ = [
+    "KINDS",
+    "OPTIONAL_HOOKS",
+    "Diagnosis",
+    "Inputs",
+    "Kind",
+    "KindCheck",
+    "KindContext",
+    "get_kind",
+]
 
 
 class Inputs(Protocol):
@@ -75,6 +84,10 @@ class KindCheck:
     domain: str = "semantic"
     semantic: bool = True
     """A failure means 'computes other semantics', so a diagnosis is worth running."""
+    prepare: Callable[[Any], Any] | None = None
+    """A function-independent transform of each drawn input before the check runs (e.g.
+    policy loss 'on-policy': ``old_logprobs = logprobs``); the input is reported as
+    prepared. Checks whose untransformed inputs are alike share one pool."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +143,28 @@ class Kind(Protocol):
     def golden(self, ctx: KindContext) -> Any:
         """The function's outputs on the corpus with their tolerances (a snapshot value)."""
         ...
+
+
+OPTIONAL_HOOKS = {
+    "check": "check(name) -> KindCheck | None: any check by name, applicable or not",
+    "pool_key": (
+        "pool_key(ctx, check) -> Hashable: what shapes the check's inputs; checks and "
+        "functions with equal keys share one pool (default: no sharing across checks)"
+    ),
+    "extra_inputs": (
+        "extra_inputs(ctx, check, seed) -> list[Inputs]: inputs added to the pool after the "
+        "drawn ones (e.g. realistic sizes too costly for every drawn example)"
+    ),
+    "shrink": (
+        "shrink(ctx, inputs, fails) -> Inputs: a smaller failing input when Hypothesis does "
+        "not reproduce a failure (``fails(x)`` says whether ``x`` still fails)"
+    ),
+    "report": (
+        "report(ctx, check, exc, inputs, replay, diagnose) -> (text, diagnosis, match): the "
+        "kind's own failure report (default: the engine's, from snippet and diagnose)"
+    ),
+}
+"""Methods a kind may define beyond :class:`Kind`; the engine uses them when present."""
 
 
 KINDS: Mapping[str, str] = {

@@ -1,0 +1,443 @@
+"""The policy-loss kind: ``loss(logprobs, old_logprobs, advantages, response_mask[,
+ref_logprobs, rollout_logprobs, cu_seqlens]) -> scalar``, compared with
+``polgrad_reference.policy_loss`` in float64.
+
+This module wires the existing pieces into the :class:`~pytest_polgrad.targets.Kind`
+contract: the checks of :mod:`pytest_polgrad.checks`, the call convention of
+:mod:`pytest_polgrad.target`, the oracle, the reports of :mod:`pytest_polgrad.report`,
+the diagnosis and the golden data. What it adds: the pool key (which options shape the
+batches), the realistic-size batches every check's pool holds, a per-batch cache of oracle
+results shared by every check and function, and a row/column shrinker for failures that
+only show at sizes Hypothesis does not draw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import weakref
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+
+from polgrad_reference import PolicyLossConfig, get_algorithm
+
+from ..checks import CHECKS, Check, Context
+from ..corpus import canonical_corpus
+from ..options import ConformanceOptions, override_keys
+from ..oracle import Oracle, OracleResult
+from ..report import SEMANTIC_CHECKS, diagnosis_line, failure_report, snippet
+from ..strategies import EXTREME, Batch, BatchPlan, batches, build
+from ..strategies._domain import DOMAINS, boundaries
+from ..strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
+from ..strategies._values import _column_aims, base_floor
+from ..target import FunctionUnderTest
+from ..tolerance import Tolerance
+from . import Diagnosis, KindCheck
+
+__all__ = [
+    "KIND",
+    "REALISTIC_SIZES",
+    "SEARCH_ROWS",
+    "SEARCH_TOKENS",
+    "PolicyLossContext",
+    "PolicyLossKind",
+]
+
+_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+SEARCH_ROWS, SEARCH_TOKENS = 8, 256
+"""Largest ``B`` and ``T`` Hypothesis draws (``max_batch`` / ``max_length`` cap them
+lower): searching and shrinking stay cheap, and most bugs show at these sizes."""
+
+REALISTIC_SIZES: tuple[tuple[int, int], ...] = ((64, 1024), (37, 2048), (16, 4096))
+"""``(rows, width)`` of the realistic-size batches in every check's pool, capped by
+``max_batch`` / ``max_length``; row lengths are ragged over ``[1, width]``, the shortest
+and the longest always present. 37 rows: not a multiple of a power-of-two chunk size, so
+averaging chunk means differs from the batch mean for every aggregation."""
+
+_FLOAT16_SIZES: tuple[tuple[int, int], ...] = ((64, 96), (8, 1024))
+"""float16 inputs: at most 8192 response tokens, so a sum of ``|A| * ratio`` over the
+batch stays representable (65504) for a loss that computes in float16."""
+
+
+@dataclasses.dataclass
+class PolicyLossContext(Context):
+    """:class:`~pytest_polgrad.checks.Context` plus the name pytest collected."""
+
+    name: str = ""
+
+
+# ---- oracle results, shared by every check and function ------------------------------
+
+_ORACLE_CACHE: dict[tuple[Hashable, ...], OracleResult] = {}
+
+
+def _forget(key: tuple[Hashable, ...]) -> None:
+    _ORACLE_CACHE.pop(key, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedOracle(Oracle):
+    """The oracle, with results cached per (config, kink band, batch tensors).
+
+    The key holds the identities of the batch's tensors; an entry is dropped when any of
+    them is freed, so a key can never name other tensors and the cache holds no memory of
+    its own past the pool's lifetime. The gradient is always computed: the value check's
+    result then serves the gradient, padding and micro-batch checks of every function.
+    Inputs are never modified in place (the function under test receives clones)."""
+
+    def __call__(
+        self, batch: Mapping[str, torch.Tensor], *, grad: bool = True, **options: Any
+    ) -> OracleResult:
+        tensors = tuple(batch[k] for k in sorted(batch))
+        settings = tuple(sorted(options.items()))
+        key: tuple[Hashable, ...] = (self.config, settings, *map(id, tensors))
+        hit = _ORACLE_CACHE.get(key)
+        if hit is not None:
+            return hit
+        result = super().__call__(batch, grad=True, **options)
+        _ORACLE_CACHE[key] = result
+        for t in tensors:
+            weakref.finalize(t, _forget, key)
+        return result
+
+
+# ---- the kind ---------------------------------------------------------------------------
+
+
+def _search_bounds(options: ConformanceOptions) -> tuple[int, int]:
+    return min(SEARCH_ROWS, options.max_batch), min(SEARCH_TOKENS, options.max_length)
+
+
+def _on_policy(batch: Any) -> Batch:
+    """The same batch with ``old_logprobs`` (and ``rollout_logprobs``) set to ``logprobs``."""
+    assert isinstance(batch, Batch)
+    rollout = None if batch.rollout_logprobs is None else batch.logprobs.clone()
+    return dataclasses.replace(
+        batch, plan=None, old_logprobs=batch.logprobs.clone(), rollout_logprobs=rollout
+    )
+
+
+def _wrap(check: Check) -> KindCheck:
+    return KindCheck(
+        name=check.name,
+        summary=check.summary,
+        run=check.run,
+        domain=check.domain,
+        semantic=check.name in SEMANTIC_CHECKS,
+        prepare=_on_policy if check.on_policy else None,
+    )
+
+
+class PolicyLossKind:
+    """The policy-loss :class:`~pytest_polgrad.targets.Kind` (see the module docstring)."""
+
+    name = "policy_loss"
+    summary = (
+        "loss(logprobs, old_logprobs, advantages, response_mask[, ref_logprobs, "
+        "rollout_logprobs, cu_seqlens]) -> scalar tensor"
+    )
+
+    @property
+    def override_keys(self) -> frozenset[str]:
+        return override_keys(self.name)
+
+    def resolve(self, options: ConformanceOptions) -> PolicyLossConfig:
+        """The reference loss config with the marker's overrides applied."""
+        ref = options.reference
+        if isinstance(ref, PolicyLossConfig):
+            return ref.replace(**options.overrides) if options.overrides else ref
+        assert isinstance(ref, str)
+        return get_algorithm(ref).derive(**options.overrides).loss
+
+    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
+        return [_wrap(c) for c in CHECKS.values() if c.applies(config, options)]
+
+    def check(self, name: str) -> KindCheck | None:
+        """Any check by name, applicable or not (``None`` when unknown)."""
+        return _wrap(CHECKS[name]) if name in CHECKS else None
+
+    def context(
+        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
+    ) -> PolicyLossContext:
+        """A function without a ``ref_logprobs`` parameter is compared with the reference's
+        KL term removed, and the report says so."""
+        fut = FunctionUnderTest(fn, options)
+        cfg: PolicyLossConfig = config
+        notes = set()
+        if cfg.kl_in_loss and not fut.takes_ref:
+            cfg = cfg.replace(kl=None)
+            notes.add(
+                "compared without the reference's as-loss KL term: the function takes no "
+                "ref_logprobs (most current GRPO setups train without it)"
+            )
+        tol = Tolerance(_DTYPES[options.dtype], strict=options.strict, factor=options.tolerance)
+        ctx = PolicyLossContext(
+            fut=fut, oracle=SharedOracle(cfg), tolerance=tol, options=options, name=name
+        )
+        ctx.notes |= notes
+        return ctx
+
+    # -- inputs --
+
+    def _shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
+        """The arguments of :func:`batches` for ``check``: everything that shapes its
+        batches (and nothing about the function beyond the tensors it takes)."""
+        cfg: PolicyLossConfig = ctx.config
+        options: ConformanceOptions = ctx.options
+        dtype = ctx.tolerance.input_dtype
+        rows, tokens = _search_bounds(options)
+        # Keep a plain loss representable in the input dtype: |A| * exp(gap) summed over up
+        # to rows * tokens tokens (binds for float16 only: gap <= log(65504 / 8192)).
+        cap = max(1.0, math.log(torch.finfo(dtype).max / (4.0 * rows * tokens)))
+        bound = min(EXTREME.max_log_ratio, cap) if check.domain == "extreme" else None
+        return dict(
+            max_log_ratio=bound,
+            clip=cfg.clip,
+            domain=check.domain,
+            dtype=dtype,
+            advantage_shape=options.advantages,
+            with_ref_logprobs=cfg.kl_in_loss,
+            with_rollout_logprobs=cfg.is_correction is not None,
+            with_rewards=False,
+            max_batch=rows,
+            max_length=tokens,
+            holes=bool(getattr(options, "holes", False)),
+            padding="nan" if options.padding_nan else "garbage",
+        )
+
+    def pool_key(self, ctx: Any, check: KindCheck) -> Hashable:
+        """Checks (and functions) with equal keys share one pool of batches."""
+        shape = self._shape(ctx, check)
+        options: ConformanceOptions = ctx.options
+        realistic = (options.max_batch, options.max_length)
+        return (tuple(sorted((k, repr(v)) for k, v in shape.items())), realistic)
+
+    def strategy(self, ctx: Any, check: KindCheck) -> Any:
+        return batches(**self._shape(ctx, check))
+
+    def extra_inputs(self, ctx: Any, check: KindCheck, seed: int) -> list[Batch]:
+        """The realistic-size batches of the pool (deterministic in ``seed``)."""
+        return realistic_batches(self._shape(ctx, check), ctx.options, seed)
+
+    def corpus(self, ctx: Any) -> dict[str, Batch]:
+        """The canonical corpus, with the optional tensors the reference uses (as drawn)."""
+        options: ConformanceOptions = ctx.options
+        cfg: PolicyLossConfig = ctx.config
+        drop = set()
+        if not cfg.kl_in_loss:
+            drop.add("ref_logprobs")
+        if cfg.is_correction is None:
+            drop.add("rollout_logprobs")
+        key = (ctx.tolerance.input_dtype, options.advantages, options.padding_nan)
+        return _corpus(*key, frozenset(drop))
+
+    def shrink(self, ctx: Any, inputs: Any, fails: Callable[[Any], bool]) -> Any:
+        return shrink_rows_and_columns(inputs, fails)
+
+    # -- reports --
+
+    def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
+        text, match = diagnosis_line(ctx)
+        return Diagnosis(text, match)
+
+    def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
+        return snippet(ctx, inputs, check.name)
+
+    def report(
+        self,
+        ctx: Any,
+        check: KindCheck,
+        exc: AssertionError,
+        inputs: Any,
+        replay: str,
+        diagnose: bool,
+    ) -> tuple[str, str, str]:
+        return failure_report(ctx, check, exc, inputs, replay, diagnose=diagnose)  # type: ignore[arg-type]
+
+    def golden(self, ctx: Any) -> Any:
+        from ..golden import golden_data
+
+        return golden_data(ctx.fut.fn, ctx.options)
+
+
+KIND = PolicyLossKind()
+
+
+# ---- corpus and realistic sizes ---------------------------------------------------------
+
+_CORPORA: dict[tuple[torch.dtype, str, bool, frozenset[str]], dict[str, Batch]] = {}
+
+
+def _corpus(
+    dtype: torch.dtype, advantages: str, nan: bool, drop: frozenset[str]
+) -> dict[str, Batch]:
+    """The canonical corpus as batches, built once per process (the same tensors for every
+    check, so the shared oracle computes each reference result once); NaN at padding when
+    ``nan``, the tensors in ``drop`` left out."""
+    key = (dtype, advantages, nan, drop)
+    if key not in _CORPORA:
+        out = {}
+        for name, tensors in canonical_corpus(dtype=dtype, advantages=advantages).items():
+            kw: dict[str, Any] = {k: v for k, v in tensors.items() if k not in drop}
+            if nan:
+                pad = ~kw["response_mask"]
+                for k, t in kw.items():
+                    if t.is_floating_point() and t.dim() == 2:
+                        kw[k] = t.masked_fill(pad, math.nan)
+            out[name] = Batch(**kw)
+        _CORPORA[key] = out
+    return _CORPORA[key]
+
+
+def _realistic_extents(rng: random.Random, rows: int, width: int) -> tuple[int, ...]:
+    if rows == 1:
+        return (width,)
+    rest = [rng.randint(1, width) for _ in range(rows - 2)]
+    extents = [1, width, *rest]
+    rng.shuffle(extents)
+    return tuple(extents)
+
+
+def realistic_batches(
+    shape: Mapping[str, Any], options: ConformanceOptions, seed: int
+) -> list[Batch]:
+    """A few batches at realistic sizes (:data:`REALISTIC_SIZES`, capped by ``max_batch``
+    / ``max_length``), built from plans with the domain's random style and boundary-aimed
+    columns; float16 inputs get :data:`_FLOAT16_SIZES` (none in the extreme domain)."""
+    dtype: torch.dtype = shape["dtype"]
+    domain = DOMAINS[shape["domain"]]
+    sizes = REALISTIC_SIZES
+    if dtype is torch.float16:
+        sizes = () if domain.name == "extreme" else _FLOAT16_SIZES
+    bound = shape["max_log_ratio"]
+    bound = domain.max_log_ratio if bound is None else bound
+    aims = _column_aims(boundaries((shape["clip"],), bound)[2])
+    rng = random.Random(seed)
+    out: list[Batch] = []
+    seen: set[tuple[int, int]] = set()
+    for index, (rows, width) in enumerate(sizes):
+        rows, width = min(rows, options.max_batch), min(width, options.max_length)
+        if (rows, width) in seen:
+            continue
+        seen.add((rows, width))
+        extents = _realistic_extents(rng, rows, width)
+        base_scale, base_power = domain.base_shapes[index % len(domain.base_shapes)]
+        gap = domain.gap_scales[index % len(domain.gap_scales)]
+        values = ValuePlan(
+            style="random",
+            base_scale=min(base_scale, base_floor(domain, bound)),
+            base_power=base_power,
+            gap_scale=min(gap, bound, 1.0 if dtype is torch.float16 else bound),
+            aim_stride=3 if aims and dtype in (torch.float32, torch.float64) else 0,
+            column_aims=aims,
+        )
+        mags = None
+        if domain.name == "extreme":
+            mags = tuple(rng.choice((1.0, 1e-6, 1e3, 1e6)) for _ in range(rows))
+        advantages = AdvantagePlan(
+            shape=shape["advantage_shape"],
+            pattern="random",
+            values=tuple(rng.choice((1.0, -1.0, 1.0, -1.0, 0.0)) for _ in range(rows)),
+            magnitudes=mags,
+            noise=0.5 if shape["advantage_shape"] == "token" else 0.0,
+        )
+        rollout = None
+        if shape["with_rollout_logprobs"]:
+            limit = domain.max_rollout_seq
+            rollout = RolloutPlan(scale=0.001 if limit is None else min(0.001, limit / width))
+        plan = BatchPlan(
+            extents=extents,
+            width=width,
+            holes=_holes(rng, extents) if shape["holes"] else (),
+            dtype=str(dtype).removeprefix("torch."),
+            domain=domain.name,
+            padding=shape["padding"],
+            max_log_ratio=bound,
+            seed=rng.getrandbits(32),
+            values=values,
+            advantages=advantages,
+            ref=RefPlan(min(1.0, domain.max_ref_gap)) if shape["with_ref_logprobs"] else None,
+            rollout=rollout,
+        )
+        out.append(build(plan))
+    return out
+
+
+def _holes(rng: random.Random, extents: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """One interior hole in every fourth row long enough (never at a row's ends)."""
+    holes = []
+    for row, extent in enumerate(extents):
+        if extent >= 8 and row % 4 == 0:
+            start = rng.randint(1, extent - 3)
+            holes.append((row, start, rng.randint(start + 1, extent - 1)))
+    return tuple(holes)
+
+
+# ---- the kit's own shrinker -------------------------------------------------------------
+
+
+def _subset(batch: Batch, rows: list[int], width: int) -> Batch | None:
+    """Rows ``rows`` of ``batch``, truncated to ``width`` columns (None if a row would
+    keep no response token)."""
+    kw = batch.as_kwargs()
+    mask = kw["response_mask"][rows, :width]
+    if not bool(mask.any(dim=1).all()):
+        return None
+    out: dict[str, Any] = {}
+    for name, t in kw.items():
+        if t.dim() == 2:
+            out[name] = t[rows, :width].clone()
+        elif t.dim() == 1 and t.shape[0] == batch.batch_size:
+            out[name] = t[rows].clone()
+    return Batch(**out)
+
+
+def shrink_rows_and_columns(inputs: Any, fails: Callable[[Any], bool], *, budget: int = 120) -> Any:
+    """Greedily drop rows (halves, then smaller chunks) and truncate columns (bisection)
+    while ``fails`` still holds; at most ``budget`` calls. Values are kept, not redrawn, so
+    a failure that needs a particular value survives. Right-padded batches only."""
+    if not isinstance(inputs, Batch) or inputs.layout != "right":
+        return inputs
+    calls = [0]
+
+    def still(candidate: Batch | None) -> bool:
+        if candidate is None or calls[0] >= budget:
+            return False
+        calls[0] += 1
+        return fails(candidate)
+
+    best = inputs
+    rows = list(range(best.batch_size))
+    chunk = max(1, len(rows) // 2)
+    while calls[0] < budget:
+        i, progressed = 0, False
+        while i < len(rows) and len(rows) > 1:
+            trial = rows[:i] + rows[i + chunk :]
+            candidate = _subset(inputs, trial, inputs.width) if trial else None
+            if still(candidate):
+                assert candidate is not None
+                rows, best, progressed = trial, candidate, True
+            else:
+                i += chunk
+        if chunk == 1 and not progressed:
+            break
+        chunk = max(1, chunk // 2) if not progressed else chunk
+    lo, hi = 1, best.width  # the smallest width that still fails, by bisection
+    while lo < hi and calls[0] < budget:
+        mid = (lo + hi) // 2
+        candidate = _subset(best, list(range(best.batch_size)), mid)
+        if still(candidate):
+            assert candidate is not None
+            best, hi = candidate, mid
+        else:
+            lo = mid + 1
+    return best
