@@ -19,7 +19,7 @@ import torch
 
 from ._adapt import require_installed
 
-__all__ = ["LOSS_TYPES", "grpo_config", "grpo_loss"]
+__all__ = ["LOSS_TYPES", "grpo_config", "grpo_loss", "training_step"]
 
 Tensor = torch.Tensor
 
@@ -43,7 +43,20 @@ class _Model:
     training = True
 
 
-def _trainer(args: Any, *, gradient_accumulation_steps: int) -> Any:
+class _Ranks:
+    """A real ``Accelerator(cpu=True)`` that reports ``num_processes = world_size``: what
+    ``_compute_loss`` reads of a data-parallel run (each rank computes its own loss; the
+    gradient all-reduce is the kit's). Everything else is the real accelerator's."""
+
+    def __init__(self, accelerator: Any, world_size: int) -> None:
+        self._accelerator = accelerator
+        self.num_processes = world_size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._accelerator, name)
+
+
+def _trainer(args: Any, *, gradient_accumulation_steps: int, world_size: int = 1) -> Any:
     from accelerate import Accelerator
     from trl import GRPOTrainer
 
@@ -51,7 +64,8 @@ def _trainer(args: Any, *, gradient_accumulation_steps: int) -> Any:
     # The attributes GRPOTrainer.__init__ sets from `args` (trl 1.16.0), nothing else.
     t.args = args
     t.model = _Model()
-    t.accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True)
+    t.accelerator = accelerator if world_size == 1 else _Ranks(accelerator, world_size)
     t.loss_type = args.loss_type
     t.importance_sampling_level = args.importance_sampling_level
     t.off_policy_mask_threshold = args.off_policy_mask_threshold
@@ -100,26 +114,82 @@ def grpo_loss(
         ref_logprobs: Tensor | None = None,
     ) -> Tensor:
         trainer = _trainer(args, gradient_accumulation_steps=steps)
-        mask = response_mask.to(torch.int64)
-
-        def per_token_logps_and_entropies(*_a: Any, **_k: Any) -> tuple[Tensor, Tensor, None]:
-            return logprobs, torch.zeros_like(logprobs), None
-
-        trainer._get_per_token_logps_and_entropies = per_token_logps_and_entropies
-        b = logprobs.shape[0]
-        count = mask.sum() if num_items_in_batch == "local" else torch.tensor(num_items_in_batch)
-        inputs: dict[str, Any] = {
-            "prompt_ids": torch.zeros((b, 1), dtype=torch.int64),
-            "prompt_mask": torch.ones((b, 1), dtype=torch.int64),
-            "completion_ids": torch.zeros(mask.shape, dtype=torch.int64),
-            "completion_mask": mask,
-            "advantages": advantages,
-            "old_per_token_logps": old_logprobs,
-            "num_items_in_batch": count,
-        }
-        if ref_logprobs is not None:
-            inputs["ref_per_token_logps"] = ref_logprobs
-        loss: Tensor = trainer._compute_loss(trainer.model, inputs)
-        return loss
+        count = (
+            response_mask.sum()
+            if num_items_in_batch == "local"
+            else torch.tensor(num_items_in_batch)
+        )
+        return _call(trainer, logprobs, old_logprobs, advantages, response_mask, ref_logprobs,
+                     count)
 
     return trl_grpo_loss
+
+
+def _call(
+    trainer: Any,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    ref_logprobs: Tensor | None,
+    num_items_in_batch: Tensor,
+) -> Tensor:
+    mask = response_mask.to(torch.int64)
+
+    def per_token_logps_and_entropies(*_a: Any, **_k: Any) -> tuple[Tensor, Tensor, None]:
+        return logprobs, torch.zeros_like(logprobs), None
+
+    trainer._get_per_token_logps_and_entropies = per_token_logps_and_entropies
+    b = logprobs.shape[0]
+    inputs: dict[str, Any] = {
+        "prompt_ids": torch.zeros((b, 1), dtype=torch.int64),
+        "prompt_mask": torch.ones((b, 1), dtype=torch.int64),
+        "completion_ids": torch.zeros(mask.shape, dtype=torch.int64),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old_logprobs,
+        "num_items_in_batch": num_items_in_batch,
+    }
+    if ref_logprobs is not None:
+        inputs["ref_per_token_logps"] = ref_logprobs
+    loss: Tensor = trainer._compute_loss(trainer.model, inputs)
+    return loss
+
+
+def training_step(**options: Any) -> Callable[..., Tensor]:
+    """One micro-batch's ``GRPOTrainer._compute_loss`` inside an optimizer step, for the kit's
+    ``training_step`` kind: ``GRPOConfig(gradient_accumulation_steps=k,
+    steps_per_generation=s, **options)`` with the split's ``k`` and ``s``,
+    ``current_gradient_accumulation_steps = k``, ``num_processes = world_size`` and
+    ``inputs["num_items_in_batch"]`` = the response tokens of the whole generation batch on
+    every rank (``generation_tokens``), as TRL's ``_prepare_inputs`` passes it."""
+    require_installed("trl")
+    configs: dict[tuple[int, int], Any] = {}
+
+    def trl_training_step(
+        *,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        world_size: int,
+        gradient_accumulation_steps: int,
+        steps_per_generation: int,
+        generation_tokens: int,
+    ) -> Tensor:
+        key = (gradient_accumulation_steps, steps_per_generation)
+        if key not in configs:
+            configs[key] = grpo_config(
+                gradient_accumulation_steps=gradient_accumulation_steps,
+                steps_per_generation=steps_per_generation,
+                **options,
+            )
+        trainer = _trainer(
+            configs[key],
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            world_size=world_size,
+        )
+        return _call(trainer, logprobs, old_logprobs, advantages, response_mask, None,
+                     torch.tensor(generation_tokens))
+
+    return trl_training_step

@@ -24,6 +24,7 @@ __all__ = [
     "compute_advantage",
     "kl_penalty",
     "policy_loss",
+    "training_step",
     "value_loss",
 ]
 
@@ -181,3 +182,47 @@ def compute_advantage(
         token_level_rewards=scores, response_mask=response_mask, index=index, **options
     )
     return advantages  # type: ignore[no-any-return]
+
+
+def training_step(
+    mode: str, *, loss_agg_mode: str = "token-mean", **options: Any
+) -> Callable[..., Tensor]:
+    """One micro-batch's loss as verl 0.9.1's actor computes it for ``backward()``
+    (``workers/utils/losses.py`` ``ppo_loss``): the policy loss of ``mode`` with
+    ``config.global_batch_info = {"dp_size": world_size, "batch_num_tokens":
+    global_tokens, "global_batch_size": global_rows, "loss_scale_factor": None}``, the
+    step-wide counts verl's engine all-reduces before the micro-batches run
+    (``workers/engine/fsdp/transformer_impl.py``). For the kit's ``training_step`` kind.
+    """
+    if mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(POLICY_LOSS_MODES)}, got {mode!r}")
+    base = dict(options)
+
+    def verl_training_step(
+        *,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        world_size: int,
+        global_tokens: int,
+        global_rows: int,
+    ) -> Tensor:
+        info = {
+            "dp_size": world_size,
+            "batch_num_tokens": global_tokens,
+            "global_batch_size": global_rows,
+            "loss_scale_factor": None,
+        }
+        loss, _metrics = _core().get_policy_loss_fn(mode)(
+            old_log_prob=old_logprobs,
+            log_prob=logprobs,
+            advantages=_token_advantages(advantages, logprobs),
+            response_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=actor_config(**base, global_batch_info=info),
+        )
+        return loss  # type: ignore[no-any-return]
+
+    verl_training_step.__qualname__ = f"verl_{mode}_training_step"
+    return verl_training_step
