@@ -357,3 +357,13 @@ def polgrad_report_type() -> type:
     from .engine import CheckResult
 
     return CheckResult
+
+
+@pytest.fixture
+def polgrad_diagnostics() -> Any:
+    """The ``polgrad_reference.diagnostics`` module (imported on first use, so loading the
+    plugin still imports no torch): run-pathology detectors with calibrated alarms
+    (docs/diagnostics.md)."""
+    from polgrad_reference import diagnostics
+
+    return diagnostics
