@@ -248,8 +248,10 @@ def grpo_advantages(
     std_eps: float = 1e-6,
     unbiased_std: bool = True,
     singleton: SingletonGroup | str = SingletonGroup.ZERO,
+    eps_in_sqrt: bool = False,
 ) -> torch.Tensor:
-    """Group-normalised advantages ``[B]``: ``(r_i - mean_g) / (std_g + std_eps)``.
+    """Group-normalised advantages ``[B]``: ``(r_i - mean_g) / (std_g + std_eps)``
+    (``eps_in_sqrt``: ``/ sqrt(var_g + std_eps)``, a variant some trainers use).
 
     GRPO outcome supervision, arXiv:2402.03300 Sec. 4.1.2. ``std_g`` uses Bessel's
     correction (``/(G-1)``) when ``unbiased_std`` else ``/G``; ``scale_by_std=False``
@@ -258,6 +260,7 @@ def grpo_advantages(
     std_eps)``, verl 0.9.1) or raise (``'error'``).
     """
     scale = _flag(scale_by_std, "scale_by_std")
+    inside = _flag(eps_in_sqrt, "eps_in_sqrt")
     eps = _nonnegative(std_eps, "std_eps")
     unbiased = _flag(unbiased_std, "unbiased_std")
     policy = _enum(SingletonGroup, singleton, "singleton")
@@ -283,7 +286,10 @@ def grpo_advantages(
             f"rewards are constant within the groups of rows {flat.nonzero().flatten().tolist()}"
             ", so their std is 0 and std_eps=0 makes the advantage 0/0; set std_eps > 0"
         )
-    out = centred / (std + eps / k)
+    if inside:  # sqrt(var + eps) in units of k: sqrt(var_s + eps / k^2)
+        out = centred / torch.where(lone, 1.0 / (k * k), var + eps / (k * k)).sqrt()
+    else:
+        out = centred / (std + eps / k)
     out = torch.where(lone & ~raw, 0.0, out)
     _representable("grpo advantages", out)
     return out

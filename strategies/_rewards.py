@@ -37,9 +37,10 @@ REWARD_KINDS = ("binary", "equal", "grid", "continuous", "one-hot")
 """Per-group reward patterns: 0/1 verifier outcomes, all equal (zero spread), a short grid
 of dyadic values with ties, continuous (seeded normal), one success among failures."""
 _GRID = (0.0, 1.0, 0.5, -1.0, 0.25, 2.0, -0.5)
-_SCALES = {  # extreme-domain reward scales per dtype: advantages stay representable
-    torch.float64: (1.0, 1e-3, 1e3, 1e6, 1e150),
-    torch.float32: (1.0, 1e-3, 1e3, 1e6, 1e30),
+_SCALES = {  # extreme-domain reward scales per dtype: squares stay finite in float32 (a
+    # float64 function may compute in float32), advantages stay representable
+    torch.float64: (1.0, 1e-3, 1e3, 1e6, 1e15),
+    torch.float32: (1.0, 1e-3, 1e3, 1e6, 1e15),
     torch.bfloat16: (1.0, 1e-3, 1e3, 1e6),
     torch.float16: (1.0, 1e-2, 1e2, 3e2),
 }
@@ -145,6 +146,7 @@ def reward_batches(
     max_length: int = 12,
     dtype: torch.dtype = torch.float64,
     shuffle: bool | None = None,
+    equal_sizes: bool = False,
     token_rewards: bool = False,
     values: bool = False,
     dones: bool = False,
@@ -154,8 +156,9 @@ def reward_batches(
     """:class:`RewardBatch` es: ``min_groups..max_groups`` groups of
     ``min_group_size..max_group_size`` rows, each group's rewards of one of ``kinds``
     (:data:`REWARD_KINDS`), rows contiguous or shuffled with arbitrary labels
-    (``shuffle=None``: either). ``domain="extreme"`` scales each group's rewards by up to
-    ``1e150`` (float64; less for narrower dtypes). Shrinks toward one group of one row."""
+    (``shuffle=None``: either); ``equal_sizes`` gives every group the same size (the
+    ``[num_prompts, G]`` layout). ``domain="extreme"`` scales each group's rewards by up to
+    ``1e15`` (float64/float32; less for narrower dtypes). Shrinks toward one group of one row."""
     check_int("min_groups", min_groups, minimum=1)
     check_int("max_groups", max_groups, minimum=1)
     check_range("min_groups", min_groups, "max_groups", max_groups)
@@ -169,6 +172,7 @@ def reward_batches(
     for k in kinds:
         check_choice("kinds", k, REWARD_KINDS)
     check_bool("shuffle", shuffle, optional=True)
+    check_bool("equal_sizes", equal_sizes)
     for name, flag in (("token_rewards", token_rewards), ("values", values), ("dones", dones)):
         check_bool(name, flag)
     check_choice("domain", domain, ("semantic", "extreme"))
@@ -180,7 +184,10 @@ def reward_batches(
     @st.composite
     def _draw(draw: st.DrawFn) -> RewardBatch:
         n_groups = draw(ints(min_groups, max_groups))
-        sizes = [draw(ints(min_group_size, max_group_size)) for _ in range(n_groups)]
+        if equal_sizes:
+            sizes = [draw(ints(min_group_size, max_group_size))] * n_groups
+        else:
+            sizes = [draw(ints(min_group_size, max_group_size)) for _ in range(n_groups)]
         group_kinds = tuple(draw(kind_choice) for _ in range(n_groups))
         group_scales = [draw(choice(scales)) for _ in range(n_groups)]
         shuffled = draw(orders)

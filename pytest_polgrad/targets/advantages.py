@@ -1,0 +1,1066 @@
+"""The advantages kind: ``advantages(rewards, group_ids, response_mask[, token_rewards,
+values, dones]) -> [B] or [B, T]``, compared with ``polgrad_reference.advantages`` in
+float64.
+
+The function takes any of the keyword tensors in :data:`INPUT_NAMES` (by parameter name;
+``**kwargs`` takes all) and returns the advantages (or a tuple/dict whose first item /
+``"advantages"`` entry they are). The reference sees what the function sees: per-token
+rewards and episode ends enter it only when the function takes them. A function that does
+not take ``rewards`` but takes ``token_rewards`` gets the per-token rewards with each
+outcome reward placed at the row's last response token (verl's ``token_level_rewards``).
+Sequence-level estimators may return ``[B]`` or the row value broadcast to ``[B, T]``
+(compared at response positions). ``grouped=True`` passes ``rewards`` as
+``[num_prompts, G]`` (contiguous groups of equal size, no ``group_ids``); ``layout="left"``
+left-pads the token tensors at the edge (and reads a ``[B, T]`` result back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from polgrad_reference import ALGORITHMS, AdvantageConfig, AdvantageEstimator, PolgradError
+from polgrad_reference.advantages import (
+    OPENRLHF_WHITENING,
+    REFERENCE_WHITENING,
+    VERL_WHITENING,
+    Whitening,
+    discounted_returns,
+    gae,
+    grpo_advantages,
+    opo_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+    token_level_rewards,
+)
+from polgrad_reference.advantages import (
+    _whiten as whiten_validated,
+)
+
+from ..checks import CheckFailure
+from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..snapshot import EntryScale, Tolerant
+from ..strategies import RewardBatch, left_to_right, reward_batches, right_to_left, row_extents
+from ..target import Verdict
+from . import Diagnosis, KindCheck
+from ._tokens import (
+    TokenContext,
+    bitwise_equal,
+    call_guarded,
+    parameters,
+    tolerance_for,
+    worst_entries,
+)
+
+__all__ = [
+    "CORPUS_VERSION",
+    "INPUT_NAMES",
+    "KIND",
+    "REFERENCES",
+    "WHITENINGS",
+    "AdvantageReference",
+    "AdvantagesKind",
+    "expected_advantages",
+]
+
+INPUT_NAMES = ("rewards", "group_ids", "response_mask", "token_rewards", "values", "dones")
+CORPUS_VERSION = 1
+_E = AdvantageEstimator
+_SEQUENCE = (_E.GRPO, _E.RLOO, _E.OPO)
+_OUTCOME = (*_SEQUENCE, _E.REINFORCE_PP_BASELINE)
+"""Estimators of one scalar reward per response (per-token rewards are outcome-only)."""
+_GROUPED = (_E.GRPO, _E.RLOO, _E.OPO, _E.REINFORCE_PP_BASELINE)
+
+WHITENINGS: Mapping[str, Whitening] = {
+    "reference": REFERENCE_WHITENING,
+    "verl": VERL_WHITENING,
+    "openrlhf": OPENRLHF_WHITENING,
+}
+"""Named whitening conventions (``whitening=`` on the marker)."""
+
+
+def _references() -> dict[str, AdvantageConfig]:
+    out = {name: spec.advantage for name, spec in ALGORITHMS.items()}
+    out["opo"] = AdvantageConfig(_E.OPO)
+    out["reinforce_pp_baseline"] = AdvantageConfig(_E.REINFORCE_PP_BASELINE)
+    out["gae"] = AdvantageConfig(_E.GAE, gamma=1.0, lam=0.95, whiten=True)
+    return out
+
+
+REFERENCES: Mapping[str, AdvantageConfig] = _references()
+"""Reference names for ``kind="advantages"``: every registry algorithm's advantage config,
+plus ``opo``, ``reinforce_pp_baseline`` and ``gae`` (gamma 1, lambda 0.95, whitened)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageReference:
+    """One advantage semantics: the estimator config, the whitening convention, the place
+    of GRPO's ``std_eps``, and whether episode ends (``dones``) are honoured."""
+
+    config: AdvantageConfig
+    whitening: Whitening | None = None
+    """``None``: the reference whitening with ``unbiased=config.unbiased_std``."""
+    eps_in_sqrt: bool = False
+    ignore_dones: bool = False
+
+    @property
+    def whitener(self) -> Whitening:
+        if self.whitening is not None:
+            return self.whitening
+        return dataclasses.replace(REFERENCE_WHITENING, unbiased=self.config.unbiased_std)
+
+    @property
+    def whitens(self) -> bool:
+        est = self.config.estimator
+        return est in (_E.REINFORCE_PP, _E.REINFORCE_PP_BASELINE) or self.config.whiten
+
+    @property
+    def sequence_level(self) -> bool:
+        return self.config.estimator in _SEQUENCE
+
+    def describe(self) -> str:
+        """One line naming every choice, e.g. ``grpo: (r - mean) / (std + 1e-06), ...``."""
+        c = self.config
+        est = c.estimator
+        single = {"zero": "singletons 0", "raw": "singletons keep their reward"}.get(
+            c.singleton.value, "singletons raise"
+        )
+        if est is _E.GRPO:
+            if not c.scale_by_std:
+                text = f"grpo without std scaling: r - mean (Dr.GRPO), {single}"
+            else:
+                std = "sample std (Bessel)" if c.unbiased_std else "population std"
+                div = f"sqrt(var + {c.std_eps:g})" if self.eps_in_sqrt else f"std + {c.std_eps:g}"
+                text = f"grpo: (r - mean) / ({div}), {std}, {single}"
+        elif est is _E.RLOO:
+            text = f"rloo: r - mean of the others = G/(G-1) (r - mean), {single}"
+        elif est is _E.OPO:
+            text = f"opo: r - sum L r / sum L (length-weighted baseline), {single}"
+        elif est is _E.REINFORCE_PP:
+            text = f"reinforce_pp: returns (gamma {c.gamma:g})"
+        elif est is _E.REINFORCE_PP_BASELINE:
+            text = f"reinforce_pp_baseline: r - group mean, returns (gamma {c.gamma:g}), {single}"
+        else:
+            dones = ", ignoring dones" if self.ignore_dones else ""
+            text = f"gae (gamma {c.gamma:g}, lambda {c.lam:g}{dones})"
+        if self.whitens:
+            text += f", whitened ({self.whitener.describe()})"
+        return text
+
+    def names(self) -> list[str]:
+        """Reference names whose config equals this one (with the default whitening)."""
+        if self.eps_in_sqrt or self.ignore_dones:
+            return []
+        if self.whitening not in (None, self.whitener) and self.whitens:
+            return []
+        return [n for n, cfg in REFERENCES.items() if cfg == self.config]
+
+
+# ---- the oracle -------------------------------------------------------------------------
+
+
+def _f64(kw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: t.to(torch.float64) if t.is_floating_point() else t for k, t in kw.items()}
+
+
+def expected_advantages(
+    ref: AdvantageReference, kw: Mapping[str, torch.Tensor], takes: frozenset[str]
+) -> torch.Tensor:
+    """The reference advantages in float64 (``[B]`` or ``[B, T]``) for the tensors a
+    function taking ``takes`` receives."""
+    t = _f64(kw)
+    c = ref.config
+    est = c.estimator
+    mask = t["response_mask"]
+    ids = t["group_ids"]
+    if est is _E.GRPO:
+        adv = grpo_advantages(
+            rewards=t["rewards"],
+            scale_by_std=c.scale_by_std,
+            std_eps=c.std_eps,
+            unbiased_std=c.unbiased_std,
+            singleton=c.singleton,
+            eps_in_sqrt=ref.eps_in_sqrt,
+            group_ids=ids,
+        )
+    elif est is _E.RLOO:
+        adv = rloo_advantages(rewards=t["rewards"], singleton=c.singleton, group_ids=ids)
+    elif est is _E.OPO:
+        adv = opo_advantages(
+            rewards=t["rewards"], response_mask=mask, singleton=c.singleton, group_ids=ids
+        )
+    if est in _SEQUENCE:
+        if not c.whiten:
+            return adv
+        rows = torch.ones((adv.shape[0], 1), dtype=torch.bool)
+        return whiten_validated(adv[:, None], rows, ref.whitener, what="rewards has")[:, 0]
+    token = t.get("token_rewards") if "token_rewards" in takes and est not in _OUTCOME else None
+    if est is _E.REINFORCE_PP:
+        return reinforce_pp_advantages(
+            response_mask=mask,
+            rewards=t["rewards"],
+            token_rewards=token,
+            gamma=c.gamma,
+            whitening=ref.whitener,
+        )
+    if est is _E.REINFORCE_PP_BASELINE:
+        return reinforce_pp_baseline_advantages(
+            rewards=t["rewards"],
+            response_mask=mask,
+            token_rewards=token,
+            gamma=c.gamma,
+            singleton=c.singleton,
+            whitening=ref.whitener,
+            group_ids=ids,
+        )
+    per_token = token_level_rewards(response_mask=mask, rewards=t["rewards"], token_rewards=token)
+    dones = t.get("dones") if "dones" in takes and not ref.ignore_dones else None
+    out, _ = gae(
+        token_rewards=per_token,
+        values=t["values"],
+        response_mask=mask,
+        gamma=c.gamma,
+        lam=c.lam,
+        dones=dones,
+    )
+    return whiten_validated(out, mask, ref.whitener) if c.whiten else out
+
+
+def _group_max(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    _, inverse = torch.unique(ids, return_inverse=True)
+    top = torch.zeros(int(inverse.max()) + 1, dtype=x.dtype).scatter_reduce(
+        0, inverse, x, "amax", include_self=False
+    )
+    return top[inverse]
+
+
+def _divisor(ref: AdvantageReference, t: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Per-row ``std_g + eps`` of GRPO (1 for the other sequence estimators), float64."""
+    c = ref.config
+    if c.estimator is not _E.GRPO or not c.scale_by_std:
+        return torch.ones_like(t["rewards"])
+    centred = grpo_advantages(
+        rewards=t["rewards"], group_ids=t["group_ids"], scale_by_std=False, singleton="zero"
+    )
+    _, inverse, counts = torch.unique(t["group_ids"], return_inverse=True, return_counts=True)
+    n = counts[inverse].to(torch.float64)
+    sq = torch.zeros(counts.shape[0], dtype=torch.float64).index_add(0, inverse, centred**2)
+    dof = (n - 1.0).clamp(min=1.0) if c.unbiased_std else n
+    std = (sq[inverse] / dof).sqrt()
+    return torch.where(n == 1, 1.0, std + c.std_eps)
+
+
+def _pre_whitening_std(ref: AdvantageReference, t: Mapping[str, torch.Tensor]) -> float:
+    """Std over the response tokens of what a token-level estimator whitens (float64)."""
+    c = ref.config
+    mask = t["response_mask"]
+    if c.estimator is _E.GAE:
+        pre = expected_advantages(
+            dataclasses.replace(ref, config=c.replace(whiten=False)), t, frozenset(t)
+        )
+    else:
+        rewards = t["rewards"]
+        token = t.get("token_rewards")
+        if c.estimator is _E.REINFORCE_PP_BASELINE:
+            rewards = grpo_advantages(
+                rewards=rewards, group_ids=t["group_ids"], scale_by_std=False, singleton="zero"
+            )
+            token = None
+        per_token = token_level_rewards(response_mask=mask, rewards=rewards, token_rewards=token)
+        pre = discounted_returns(token_rewards=per_token, response_mask=mask, gamma=c.gamma)
+    vals = pre[mask]
+    return float(vals.std()) if vals.numel() > 1 else 1.0
+
+
+def _scale(
+    ref: AdvantageReference, kw: Mapping[str, torch.Tensor], expected: torch.Tensor
+) -> torch.Tensor:
+    """The magnitude rounding errors are proportional to, per compared element: the
+    output's own size, its group's (or batch's) largest, and the inputs' size over the
+    divisor (so cancelling rewards keep a meaningful tolerance)."""
+    t = _f64(kw)
+    e = expected.abs()
+    mask = t["response_mask"]
+    ids = t["group_ids"]
+    r = t["rewards"].abs()
+    if expected.dim() == 1:
+        top = _group_max(e, ids) + _group_max(r, ids) / _divisor(ref, t)
+        _, counts = torch.unique(ids, return_counts=True)
+        return (e + top) * (1.0 + math.sqrt(float(counts.max())) / 4.0)
+    n = float(mask.sum())
+    inputs = r[:, None].expand_as(e).clone()
+    for name in ("token_rewards", "values"):
+        if name in t:
+            inputs = inputs + 2.0 * torch.where(mask, t[name], 0.0).abs()
+    row = torch.where(mask, inputs, 0.0).sum(dim=1, keepdim=True)
+    peak = torch.where(mask, e, 0.0).amax()
+    if ref.whitens:
+        row = row.amax() / max(_pre_whitening_std(ref, t), 1e-300)
+    return (e + peak + row) * (1.0 + math.sqrt(n) / 4.0)
+
+
+# ---- calling the function ----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class AdvantagesContext(TokenContext):
+    """:class:`~pytest_polgrad.targets._tokens.TokenContext` for the advantages kind."""
+
+    grouped: bool = False
+
+
+def _rebuilds_token_rewards(ctx: AdvantagesContext) -> bool:
+    """Whether the function gets per-token rewards built by the kit (the outcome reward at
+    the last token, plus the drawn token rewards for token-level estimators), which are
+    exactly 0 at padding (verl's ``token_level_rewards`` convention)."""
+    outcome = ctx.config.config.estimator in _OUTCOME
+    return "token_rewards" in ctx.takes and ("rewards" not in ctx.takes or outcome)
+
+
+def _edge_inputs(ctx: AdvantagesContext, kw: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """The tensors the function takes, converted to its layout, as fresh clones."""
+    out: dict[str, Any] = {}
+    mask = kw["response_mask"]
+    outcome = ctx.config.config.estimator in _OUTCOME
+    if _rebuilds_token_rewards(ctx):
+        out["token_rewards"] = token_level_rewards(
+            response_mask=mask,
+            rewards=kw["rewards"],
+            token_rewards=None if outcome else kw.get("token_rewards"),
+        )
+    for name in INPUT_NAMES:
+        if name in ctx.takes and name in kw and name not in out:
+            out[name] = kw[name].detach().clone()
+    if ctx.grouped:
+        _, counts = torch.unique(kw["group_ids"], return_counts=True)
+        out["rewards"] = out["rewards"].reshape(-1, int(counts[0]))
+        out.pop("group_ids", None)
+    if ctx.options.layout == "left":
+        extents = row_extents(mask)
+        for name, t in out.items():
+            if t.dim() == 2 and not (ctx.grouped and name == "rewards"):
+                out[name] = right_to_left(t, extents)
+    return out
+
+
+def _pick(result: object, key: object) -> object:
+    if isinstance(result, Mapping):
+        k = "advantages" if key is None else key
+        if k not in result:
+            raise Verdict(
+                f"the function returned a dict without key {k!r} (keys: "
+                f"{sorted(map(str, result))}); name the entry with loss='key'"
+            )
+        return result[k]
+    if isinstance(result, (tuple, list)) and result:
+        index = 0 if key is None else key
+        if not isinstance(index, int) or not -len(result) <= index < len(result):
+            raise Verdict(
+                f"the function returned a {type(result).__name__} of {len(result)} items; "
+                f"loss={key!r} does not index it"
+            )
+        return result[index]
+    return result
+
+
+def call_advantages(
+    ctx: AdvantagesContext, kw: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Call the function; return its advantages in the canonical layout (``[B]`` or
+    right-padded ``[B, T]``, detached) and the tensors it was given (after the call)."""
+    given = _edge_inputs(ctx, kw)
+    result = call_guarded(ctx.fn, given, "a valid batch of rewards")
+    adv = _pick(result, ctx.options.loss)
+    mask = kw["response_mask"]
+    b, width = mask.shape
+    if not isinstance(adv, torch.Tensor) or not adv.is_floating_point():
+        raise Verdict(
+            f"the function returned {type(adv).__name__}"
+            + (f" of dtype {adv.dtype}" if isinstance(adv, torch.Tensor) else "")
+            + "; advantages must be a floating tensor [B] or [B, T]"
+        )
+    adv = adv.detach()
+    if ctx.grouped and adv.dim() == 2 and adv.numel() == b and adv.shape != mask.shape:
+        adv = adv.reshape(b)
+    if adv.shape not in ((b,), (b, width)):
+        raise Verdict(
+            f"the function returned advantages of shape {list(adv.shape)}; expected [B] = "
+            f"[{b}] or [B, T] = [{b}, {width}]"
+        )
+    if adv.dim() == 2 and ctx.options.layout == "left":
+        adv = left_to_right(adv, row_extents(mask))
+    return adv, given
+
+
+def _compare(
+    ctx: AdvantagesContext,
+    kw: Mapping[str, torch.Tensor],
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    what: str = "advantages",
+) -> float:
+    mask = kw["response_mask"]
+    if expected.dim() == 2 and actual.dim() == 1:
+        raise Verdict(
+            "the function returned [B] advantages, but the reference estimator "
+            f"{ctx.config.config.estimator.value!r} is token-level ([B, T])"
+        )
+    scale = _scale(ctx.config, kw, expected)
+    if expected.dim() == 1 and actual.dim() == 2:
+        expected = expected[:, None].expand_as(actual)
+        scale = scale[:, None].expand_as(actual)
+    where = mask if expected.dim() == 2 else torch.ones_like(expected, dtype=torch.bool)
+    cmp, ratios = ctx.tolerance.tensor(actual, expected, scale, where)
+    if not cmp.ok:
+        bad = int((ratios > 1).sum())
+        shown = "row" if expected.dim() == 1 else "response position"
+        raise CheckFailure(
+            f"{what} differ from the reference at {bad} {shown}(s), worst by "
+            f"{cmp.error:.3g}x the tolerance",
+            entries=worst_entries(ratios, expected, actual.to(torch.float64)),
+            error=cmp.error,
+        )
+    return ctx.record(cmp, what)
+
+
+def _reference(ctx: AdvantagesContext, kw: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    try:
+        return expected_advantages(ctx.config, kw, ctx.takes)
+    except PolgradError as exc:  # the reference itself refuses the batch (e.g. 0/0)
+        raise Verdict(f"the reference cannot compute this batch: {exc}") from exc
+
+
+# ---- checks -------------------------------------------------------------------------------
+
+
+def _check_value(ctx: Any, kw: Mapping[str, Any]) -> float:
+    actual, _ = call_advantages(ctx, kw)
+    return _compare(ctx, kw, actual, _reference(ctx, kw))
+
+
+def _permutation(kw: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Groups in reverse order, rows within each group rotated by one (deterministic)."""
+    ids = kw["group_ids"]
+    labels = list(dict.fromkeys(ids.tolist()))
+    order: list[int] = []
+    for label in reversed(labels):
+        rows = [i for i, g in enumerate(ids.tolist()) if g == label]
+        order += rows[1:] + rows[:1]
+    return torch.tensor(order, dtype=torch.int64)
+
+
+def _check_order(ctx: Any, kw: Mapping[str, Any]) -> float:
+    """The function's own result on the permuted batch is its result, permuted."""
+    perm = _permutation(kw)
+    moved = {k: t[perm] for k, t in kw.items()}
+    base, _ = call_advantages(ctx, kw)
+    out, _ = call_advantages(ctx, moved)
+    try:
+        return _compare(ctx, moved, out, base[perm].to(torch.float64).nan_to_num(0.0))
+    except CheckFailure as exc:
+        raise CheckFailure(
+            f"reversing the groups and rotating the rows within each group: {exc.message} "
+            "(compared with the function's own result, permuted: it depends on the order)",
+            entries=exc.entries,
+            error=exc.error,
+        ) from None
+
+
+def _check_isolation(ctx: Any, kw: Mapping[str, Any]) -> float:
+    """Changing one group's rewards leaves every other group's advantages unchanged."""
+    ids = kw["group_ids"]
+    first = ids[0]
+    if bool((ids == first).all()):
+        return 0.0
+    changed = dict(kw)
+    bump = torch.where(ids == first, kw["rewards"] * 2.0 + 1.0, kw["rewards"])
+    changed["rewards"] = bump.to(kw["rewards"].dtype)
+    before, _ = call_advantages(ctx, kw)
+    after, _ = call_advantages(ctx, changed)
+    others = ids != first
+    if before.dim() == 2:
+        others = others[:, None] & kw["response_mask"]
+    moved = others & ~((before == after) | (torch.isnan(before) & torch.isnan(after)))
+    if bool(moved.any()):
+        pos = [tuple(p) for p in moved.nonzero()[:4].tolist()]
+        raise CheckFailure(
+            f"changing the rewards of group {int(first)} only changed the advantages of "
+            f"other groups at {pos}: the estimator mixes groups (a batch-wide mean or std?)",
+            entries=[(p, float(before[p]), float(after[p])) for p in pos],
+        )
+    return 0.0
+
+
+def _check_gradient(ctx: Any, kw: Mapping[str, Any]) -> float:
+    """No gradient flows into padding; if rewards/values carry gradient, it is finite."""
+    given = _edge_inputs(ctx, kw)
+    leaves = {
+        k: t.requires_grad_(True)
+        for k, t in given.items()
+        if t.is_floating_point() and k in ("rewards", "token_rewards", "values")
+    }
+    result = call_guarded(ctx.fn, given, "a valid batch of rewards")
+    adv = _pick(result, ctx.options.loss)
+    if not isinstance(adv, torch.Tensor) or not adv.requires_grad:
+        ctx.notes.add("advantages are detached from rewards and values (no gradient flows)")
+        return 0.0
+    weights = torch.linspace(0.5, 1.5, adv.numel(), dtype=adv.dtype).reshape(adv.shape)
+    grads = torch.autograd.grad((adv * weights).sum(), list(leaves.values()), allow_unused=True)
+    mask = kw["response_mask"]
+    for name, g in zip(leaves, grads, strict=True):
+        if g is None:
+            continue
+        if ctx.options.layout == "left" and g.dim() == 2:
+            g = left_to_right(g, row_extents(mask))
+        if not bool(torch.isfinite(g).all()):
+            raise CheckFailure(f"the gradient of the advantages w.r.t. {name} is not finite")
+        rebuilt = name == "token_rewards" and _rebuilds_token_rewards(ctx)  # 0 at padding
+        if not rebuilt and g.dim() == 2 and g.shape == mask.shape and bool((g[~mask] != 0).any()):
+            pos = [tuple(p) for p in ((g != 0) & ~mask).nonzero()[:4].tolist()]
+            raise CheckFailure(
+                f"gradient flows into padding positions of {name} at {pos}: padding values "
+                "reach the advantages",
+                entries=[(p, 0.0, float(g[p])) for p in pos],
+            )
+    return 0.0
+
+
+def _regarble(kw: Mapping[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """The same batch with different garbage at padding of every float token tensor."""
+    mask = kw["response_mask"]
+    g = torch.Generator().manual_seed(seed)
+    out = dict(kw)
+    for name, t in kw.items():
+        if t.is_floating_point() and t.dim() == 2:
+            junk = (torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1) * 7e3
+            out[name] = torch.where(mask, t, junk.to(t.dtype))
+    return out
+
+
+def _check_padding_values(ctx: Any, kw: Mapping[str, Any]) -> float:
+    """Other garbage at padding leaves the function's own result unchanged."""
+    if bool(kw["response_mask"].all()):
+        return 0.0
+    before, _ = call_advantages(ctx, kw)
+    after, _ = call_advantages(ctx, _regarble(kw, 7))
+    try:
+        return _compare(ctx, kw, after, before.to(torch.float64).nan_to_num(0.0))
+    except CheckFailure as exc:
+        raise CheckFailure(
+            f"with other values at padding: {exc.message} (padding values reach the result)",
+            entries=exc.entries,
+            error=exc.error,
+        ) from None
+
+
+def _check_padding_columns(ctx: Any, kw: Mapping[str, Any]) -> float:
+    extra = 3
+    wide: dict[str, torch.Tensor] = {}
+    for name, t in kw.items():
+        if t.dim() == 2:
+            fill: Any = False if t.dtype == torch.bool else 123.0
+            wide[name] = torch.nn.functional.pad(t, (0, extra), value=fill)
+        else:
+            wide[name] = t
+    base, _ = call_advantages(ctx, kw)
+    out, _ = call_advantages(ctx, wide)
+    if out.dim() == 2:
+        out = out[:, : kw["response_mask"].shape[1]]
+    try:
+        return _compare(ctx, kw, out, base.to(torch.float64).nan_to_num(0.0))
+    except CheckFailure as exc:
+        raise CheckFailure(
+            f"with {extra} more padding columns: {exc.message} (the result depends on the "
+            "padded width)",
+            entries=exc.entries,
+            error=exc.error,
+        ) from None
+
+
+def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
+    before = _edge_inputs(ctx, kw)
+    _, given = call_advantages(ctx, kw)
+    for name, t in given.items():
+        same = bitwise_equal(t, before[name])
+        if not bool(same.all()):
+            pos = [tuple(p) for p in (~same).nonzero()[:4].tolist()]
+            raise CheckFailure(
+                f"the function modified its input {name!r} in place at {pos}",
+                entries=[(p, float(before[name][p]), float(t[p])) for p in pos],
+            )
+    return 0.0
+
+
+def _check_deterministic(ctx: Any, kw: Mapping[str, Any]) -> float:
+    first, _ = call_advantages(ctx, kw)
+    second, _ = call_advantages(ctx, kw)
+    same = (first == second) | (torch.isnan(first) & torch.isnan(second))
+    if not bool(same.all()):
+        pos = [tuple(p) for p in (~same).nonzero()[:4].tolist()]
+        raise CheckFailure(
+            "the function returned different advantages for the same batch on two calls",
+            entries=[(p, float(first[p]), float(second[p])) for p in pos],
+        )
+    return 0.0
+
+
+# ---- the kind -----------------------------------------------------------------------------
+
+_OVERRIDES = frozenset(
+    {
+        "estimator",
+        "scale_by_std",
+        "std_eps",
+        "unbiased_std",
+        "singleton",
+        "gamma",
+        "lam",
+        "whiten",
+        "whitening",
+        "eps_in_sqrt",
+        "grouped",
+    }
+)
+
+
+def _kind_check(
+    name: str, summary: str, run: Callable[[Any, Mapping[str, Any]], float], **kw: Any
+) -> KindCheck:
+    return KindCheck(name=name, summary=summary, run=run, **kw)
+
+
+_CHECKS: dict[str, KindCheck] = {
+    c.name: c
+    for c in (
+        _kind_check("value", "advantages equal the reference estimator", _check_value),
+        _kind_check(
+            "extreme-values",
+            "advantages equal the reference for rewards scaled from 1e-3 to 1e15",
+            _check_value,
+            domain="extreme",
+        ),
+        _kind_check(
+            "singleton-constant",
+            "singleton and constant-reward groups get the documented advantage, not NaN",
+            _check_value,
+            domain="degenerate",
+        ),
+        _kind_check(
+            "group-order",
+            "reordering groups and the responses within a group reorders the advantages",
+            _check_order,
+        ),
+        _kind_check(
+            "group-isolation",
+            "a group's rewards change only that group's advantages",
+            _check_isolation,
+        ),
+        _kind_check(
+            "no-gradient-leak",
+            "no gradient flows into padding; gradients w.r.t. rewards/values are finite",
+            _check_gradient,
+            semantic=False,
+        ),
+        _kind_check(
+            "padding-values",
+            "values at padding positions do not change the advantages",
+            _check_padding_values,
+            semantic=False,
+        ),
+        _kind_check(
+            "padding-columns",
+            "extra padding columns do not change the advantages",
+            _check_padding_columns,
+            semantic=False,
+        ),
+        _kind_check(
+            "inputs-unchanged",
+            "the function does not modify its inputs in place",
+            _check_inputs_unchanged,
+            semantic=False,
+        ),
+        _kind_check(
+            "deterministic",
+            "the same batch gives the same advantages twice",
+            _check_deterministic,
+            semantic=False,
+        ),
+    )
+}
+
+
+def _override(options: ConformanceOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split the marker's overrides into config fields and reference knobs."""
+    over = dict(options.overrides)
+    keys = sorted(_OVERRIDES)
+    for key in over:
+        if key not in _OVERRIDES:
+            raise MarkerError(
+                f"the advantages kind got unknown override {key!r}{did_you_mean(key, keys)}; "
+                f"allowed: {keys}"
+            )
+    knobs: dict[str, Any] = {
+        k: over.pop(k) for k in ("whitening", "eps_in_sqrt", "grouped") if k in over
+    }
+    return over, knobs
+
+
+class AdvantagesKind:
+    """The advantages :class:`~pytest_polgrad.targets.Kind` (see the module docstring)."""
+
+    name = "advantages"
+    summary = (
+        "advantages(rewards [B], group_ids [B], response_mask [B, T][, token_rewards, values, "
+        "dones]) -> advantages [B] or [B, T]"
+    )
+    override_keys = _OVERRIDES
+
+    def resolve(self, options: ConformanceOptions) -> AdvantageReference:
+        ref = options.reference
+        fields, knobs = _override(options)
+        if isinstance(ref, AdvantageReference):
+            base = ref
+        elif isinstance(ref, AdvantageConfig):
+            base = AdvantageReference(ref)
+        elif isinstance(ref, str) and ref in REFERENCES:
+            base = AdvantageReference(REFERENCES[ref])
+        else:
+            names = sorted(REFERENCES)
+            raise MarkerError(
+                f"the advantages kind takes a reference among {names} or an AdvantageConfig, "
+                f"got {ref!r}{did_you_mean(ref, names)}"
+            )
+        try:
+            cfg = base.config.replace(**fields) if fields else base.config
+        except PolgradError as exc:
+            raise MarkerError(f"advantages override: {exc}") from exc
+        whitening = base.whitening
+        if "whitening" in knobs:
+            w = knobs["whitening"]
+            if isinstance(w, str) and w in WHITENINGS:
+                whitening = WHITENINGS[w]
+            elif isinstance(w, Whitening):
+                whitening = w
+            else:
+                raise MarkerError(
+                    f"whitening must be one of {sorted(WHITENINGS)} or a Whitening, got {w!r}"
+                    + did_you_mean(w, WHITENINGS)
+                )
+        for flag in ("eps_in_sqrt", "grouped"):
+            if flag in knobs and not isinstance(knobs[flag], bool):
+                raise MarkerError(f"{flag} must be True or False, got {knobs[flag]!r}")
+        if options.layout == "packed":
+            raise MarkerError(
+                "the advantages kind supports layout='right' or 'left' (packed rows are not "
+                "an advantage convention)"
+            )
+        if knobs.get("grouped") and cfg.estimator not in _GROUPED:
+            raise MarkerError(f"grouped=True needs a group estimator, not {cfg.estimator.value!r}")
+        return AdvantageReference(
+            cfg,
+            whitening=whitening,
+            eps_in_sqrt=bool(knobs.get("eps_in_sqrt", base.eps_in_sqrt)),
+            ignore_dones=base.ignore_dones,
+        )
+
+    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
+        ref: AdvantageReference = config
+        est = ref.config.estimator
+        skip = set()
+        if est not in _GROUPED:
+            skip |= {"singleton-constant", "group-isolation"}
+        if ref.whitens or est not in _SEQUENCE:
+            skip.add("group-isolation")
+        return [c for n, c in _CHECKS.items() if n not in skip]
+
+    def check(self, name: str) -> KindCheck | None:
+        return _CHECKS.get(name)
+
+    def context(
+        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
+    ) -> AdvantagesContext:
+        ref: AdvantageReference = config
+        takes = parameters(fn, INPUT_NAMES)
+        est = ref.config.estimator
+        need = {"rewards", "token_rewards"}
+        if not takes & need:
+            raise Verdict(
+                f"{name} takes none of rewards, token_rewards; an advantages function takes "
+                f"keyword tensors among {', '.join(INPUT_NAMES)}"
+            )
+        grouped = bool(options.overrides.get("grouped", False))
+        if est in _GROUPED and "group_ids" not in takes and not grouped:
+            raise Verdict(
+                f"{name} takes no group_ids; pass them, or declare grouped=True to receive "
+                "rewards as [num_prompts, G]"
+            )
+        if est is _E.GAE and "values" not in takes:
+            raise Verdict(f"{name} takes no values; GAE needs the critic's values [B, T]")
+        return AdvantagesContext(
+            fn=fn,
+            name=name,
+            options=options,
+            config=ref,
+            tolerance=tolerance_for(options),
+            takes=takes,
+            grouped=grouped,
+        )
+
+    # -- inputs --
+
+    def _shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
+        ref: AdvantageReference = ctx.config
+        est = ref.config.estimator
+        options: ConformanceOptions = ctx.options
+        dtype = ctx.tolerance.input_dtype
+        shape: dict[str, Any] = dict(
+            dtype=dtype,
+            max_length=min(12, options.max_length),
+            max_groups=min(4, options.max_batch),
+            max_group_size=16 if dtype is not torch.float16 else 8,
+            token_rewards=est not in _SEQUENCE,
+            values=est is _E.GAE,
+            dones=est is _E.GAE,
+            padding="nan" if options.padding_nan else "garbage",
+            equal_sizes=ctx.grouped,
+            shuffle=False if ctx.grouped else None,
+        )
+        if dtype is torch.float16:
+            shape["kinds"] = ("binary", "equal", "grid", "one-hot")
+        if check.domain == "extreme":
+            shape["domain"] = "extreme"
+        if check.domain == "degenerate":
+            shape.update(kinds=("equal", "binary"), max_group_size=3)
+        return shape
+
+    def pool_key(self, ctx: Any, check: KindCheck) -> Hashable:
+        return tuple(sorted((k, repr(v)) for k, v in self._shape(ctx, check).items()))
+
+    def strategy(self, ctx: Any, check: KindCheck) -> Any:
+        shape = self._shape(ctx, check)
+        if check.domain == "degenerate":
+            return reward_batches(min_group_size=1, **shape).filter(_degenerate)
+        return reward_batches(**shape)
+
+    def corpus(self, ctx: Any) -> dict[str, RewardBatch]:
+        return advantage_corpus(ctx.tolerance.input_dtype, grouped=ctx.grouped)
+
+    # -- reports --
+
+    def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
+        return diagnose_advantages(ctx, inputs)
+
+    def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
+        ref: AdvantageReference = ctx.config
+        c = ref.config
+        takes = sorted(n for n in ctx.takes if n in inputs.as_kwargs())
+        call = ", ".join(f"{n}={n}" for n in takes)
+        text: str = inputs.to_snippet()
+        return (
+            text
+            + "\n# the reference: "
+            + ref.describe()
+            + "\nfrom polgrad_reference import AdvantageConfig, compute_advantages\n"
+            + f"cfg = AdvantageConfig({c.estimator.value!r}, scale_by_std={c.scale_by_std}, "
+            + f"std_eps={c.std_eps!r}, unbiased_std={c.unbiased_std}, "
+            + f"singleton={c.singleton.value!r}, gamma={c.gamma!r}, lam={c.lam!r}, "
+            + f"whiten={c.whiten})\n"
+            + f"# check {check.name!r}: compare {ctx.name}({call}) with compute_advantages(cfg, "
+            + "...) on the float64 copies of these tensors\n"
+        )
+
+    def golden(self, ctx: Any) -> Tolerant:
+        data: dict[str, dict[str, torch.Tensor]] = {}
+        scales: dict[str, EntryScale] = {}
+        for name, batch in self.corpus(ctx).items():
+            kw = batch.as_kwargs()
+            try:
+                out, _ = call_advantages(ctx, kw)
+            except Verdict as exc:
+                raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
+            data[name] = {"advantages": out}
+            own = out.to(torch.float64).nan_to_num(0.0, 0.0, 0.0).abs()
+            scales[f"{name}/advantages"] = EntryScale(own + own.max() + 1e-300)
+        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+
+
+def _degenerate(batch: RewardBatch) -> bool:
+    return any(s == 1 for s in batch.group_sizes) or "equal" in batch.kinds
+
+
+KIND = AdvantagesKind()
+
+
+# ---- corpus -------------------------------------------------------------------------------
+
+_NAN = float("nan")
+_CORPUS: dict[str, tuple[list[list[float]], list[int]]] = {
+    # groups: binary, grid with ties, constant, tiny spread (2^-12); ragged lengths
+    "groups": (
+        [
+            [1.0, 0.0, 0.0, 1.0],
+            [0.25, 1.0, -0.5, 2.0],
+            [0.5, 0.5, 0.5, 0.5],
+            [0.5, 0.5 + 2.0**-12, 0.5, 0.5],
+        ],
+        [1, 3, 6, 2, 5, 4, 1, 6, 2, 2, 3, 6, 6, 1, 4, 5],
+    ),
+    # a singleton, a pair and a triple of continuous rewards
+    "singletons": ([[2.0], [-1.0, 0.75], [0.3, -0.2, 1.1]], [3, 1, 5, 2, 4, 6]),
+    # one success in eight (the largest |A| of GRPO: (G - 1) / sqrt(G))
+    "one-success": ([[0.0] * 7 + [1.0], [1.0] * 8], [6, 1, 4, 2, 6, 3, 5, 6] * 2),
+}
+
+
+def advantage_corpus(dtype: torch.dtype, *, grouped: bool = False) -> dict[str, RewardBatch]:
+    """The canonical corpus (deterministic literals; ``grouped``: equal-size groups only)."""
+    out = {}
+    for name, (groups, lengths) in _CORPUS.items():
+        if grouped and len({len(g) for g in groups}) > 1:
+            continue
+        rewards = [r for g in groups for r in g]
+        labels = [10 * (i + 1) + 3 for i, g in enumerate(groups) for _ in g]
+        width = max(lengths) + 1
+        mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+        b = len(rewards)
+        pattern = torch.tensor(
+            [[((3 * i + 5 * j) % 7 - 3) / 8 for j in range(width)] for i in range(b)],
+            dtype=torch.float64,
+        )
+        token_rewards = torch.where(mask, pattern / 4, 1e3)
+        values = torch.where(mask, pattern.flip(1), -1e3)
+        dones = torch.zeros_like(mask)
+        for row in range(0, b, 3):
+            if lengths[row] >= 3:
+                dones[row, 1] = True
+        out[name] = RewardBatch(
+            rewards=torch.tensor(rewards, dtype=torch.float64).to(dtype),
+            group_ids=torch.tensor(labels, dtype=torch.int64),
+            response_mask=mask,
+            token_rewards=token_rewards.to(dtype),
+            values=values.to(dtype),
+            dones=dones,
+            kinds=tuple(name for _ in groups),
+        )
+    return out
+
+
+# ---- diagnosis ----------------------------------------------------------------------------
+
+
+def _candidates(ref: AdvantageReference) -> Iterator[AdvantageReference]:
+    """The semantics a function could be computing instead, the reference's own first."""
+    c = ref.config
+    yield ref
+    singles = ("zero", "raw")
+    whitenings = (
+        None,
+        VERL_WHITENING,
+        OPENRLHF_WHITENING,
+        REFERENCE_WHITENING,
+        dataclasses.replace(REFERENCE_WHITENING, unbiased=False),
+    )
+    if c.estimator in _SEQUENCE:
+        for scale, unbiased, eps, single, inside in itertools.product(
+            (True, False), (True, False), (c.std_eps, 1e-6, 1e-8, 1e-4), singles, (False, True)
+        ):
+            if not scale and (unbiased is not c.unbiased_std or eps != c.std_eps or inside):
+                continue
+            cfg = c.replace(
+                estimator=_E.GRPO,
+                scale_by_std=scale,
+                unbiased_std=unbiased,
+                std_eps=eps,
+                singleton=single,
+            )
+            yield AdvantageReference(cfg, ref.whitening, eps_in_sqrt=inside)
+        for est, single in itertools.product((_E.RLOO, _E.OPO), singles):
+            yield AdvantageReference(c.replace(estimator=est, singleton=single), ref.whitening)
+        return
+    if c.estimator is _E.GAE:
+        for gamma, lam, whiten, w, ignore in itertools.product(
+            dict.fromkeys((c.gamma, 1.0, 0.99)),
+            dict.fromkeys((c.lam, 0.95, 1.0)),
+            (True, False),
+            whitenings,
+            (False, True),
+        ):
+            if not whiten and w is not None:
+                continue
+            cfg = c.replace(gamma=gamma, lam=lam, whiten=whiten)
+            yield AdvantageReference(cfg, w, ignore_dones=ignore)
+        return
+    for est, gamma, w, single in itertools.product(
+        (_E.REINFORCE_PP, _E.REINFORCE_PP_BASELINE),
+        dict.fromkeys((c.gamma, 1.0, 0.99)),
+        whitenings,
+        singles,
+    ):
+        if est is _E.REINFORCE_PP and single != "zero":
+            continue
+        yield AdvantageReference(c.replace(estimator=est, gamma=gamma, singleton=single), w)
+
+
+def _error(
+    ctx: AdvantagesContext,
+    cand: AdvantageReference,
+    observed: Mapping[str, tuple[Mapping[str, torch.Tensor], torch.Tensor]],
+) -> float:
+    probe = dataclasses.replace(ctx, config=cand, worst=0.0, notes=set())
+    worst = 0.0
+    for kw, actual in observed.values():
+        try:
+            expected = expected_advantages(cand, kw, ctx.takes)
+            worst = max(worst, _compare(probe, kw, actual, expected))
+        except CheckFailure as exc:
+            worst = max(worst, exc.error)
+        except (PolgradError, Verdict):
+            return math.inf
+    return worst
+
+
+def _label(ref: AdvantageReference) -> str:
+    names = ref.names()
+    return ref.describe() + (f" — {', '.join(names)}" if names else "")
+
+
+def diagnose_advantages(ctx: AdvantagesContext, inputs: Any) -> Diagnosis:
+    """Which candidate semantics the function computes on the corpus (and on ``inputs``)."""
+    observed = {}
+    for name, batch in advantage_corpus(ctx.tolerance.input_dtype, grouped=ctx.grouped).items():
+        kw = batch.as_kwargs()
+        try:
+            observed[name] = (kw, call_advantages(ctx, kw)[0])
+        except Verdict as exc:
+            return Diagnosis(f"could not evaluate the function on corpus batch {name!r}: {exc}", "")
+    ranked = sorted(
+        ((c, _error(ctx, c, observed)) for c in _candidates(ctx.config)), key=lambda x: x[1]
+    )
+    best, err = ranked[0]
+    reference = f"the reference {ctx.options.reference_id!r} is {ctx.config.describe()}"
+    if err > 1.0:
+        return Diagnosis(
+            f"no candidate semantics matches on the corpus; the closest is {_label(best)} "
+            f"(off by {err:.3g} tolerances); {reference}",
+            "",
+        )
+    if best == ctx.config:
+        text = f"the function matches the reference on the corpus ({_label(best)})"
+    else:
+        text = f"this advantage function matches {_label(best)} on the corpus; {reference}"
+    if inputs is not None:
+        kw = inputs.as_kwargs()
+        try:
+            ok = _error(ctx, best, {"failing": (kw, call_advantages(ctx, kw)[0])}) <= 1.0
+        except Verdict:
+            ok = False
+        if not ok:
+            text += "; that match does not hold on the failing batch (a batch-dependent deviation)"
+    short = best.names()
+    return Diagnosis(text, ", ".join(short) if short else best.describe())
