@@ -56,8 +56,9 @@ def load() -> dict[str, types.ModuleType]:
     root = _package_dir()
     _placeholder_package("openrlhf", root)
     _placeholder_package("openrlhf.models", root / "models")
-    if importlib.util.find_spec("deepspeed") is None and "deepspeed" not in sys.modules:
-        sys.modules["deepspeed"] = types.ModuleType("deepspeed")
+    placeholder = None
+    if "deepspeed" not in sys.modules and importlib.util.find_spec("deepspeed") is None:
+        placeholder = sys.modules["deepspeed"] = types.ModuleType("deepspeed")
     out = {}
     for name in _MODULES:
         short = name.rsplit(".", 1)[1]
@@ -66,7 +67,13 @@ def load() -> dict[str, types.ModuleType]:
             raise ImportError(f"cannot load {name} from {root}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            if placeholder is not None and short == "utils":
+                # Only utils.py's own global refers to it: other packages (transformers,
+                # accelerate) must keep seeing DeepSpeed as not installed.
+                del sys.modules["deepspeed"]
         out[short] = module
     return out
 
