@@ -25,6 +25,9 @@ from .config import (
     Aggregation,
     ClipBounds,
     ClipConfig,
+    CovarianceSelection,
+    DivergenceMask,
+    GammaWeight,
     ISCorrection,
     ISLevel,
     ISMode,
@@ -35,13 +38,16 @@ from .config import (
     KLRatioWeight,
     MicroBatchScaling,
     PolicyLossConfig,
+    QuadraticPenalty,
     RatioKind,
     SingletonGroup,
+    SoftGate,
     SurrogateKind,
+    SurrogateParams,
 )
 from .errors import ConfigError, InputError, InputTypeError, NumericalError, PolgradError
 from .kl import categorical_kl, kl_estimate, kl_penalized_rewards, reverse_kl_surrogate
-from .loss import PolicyLossOutput, policy_loss
+from .loss import PolicyLossOutput, covariance_selection, policy_loss
 from .ratios import ratio
 from .registry import ALGORITHMS, AlgorithmSpec, Unstated, describe_algorithm, get_algorithm
 from .surrogates import clip_region, surrogate
@@ -56,6 +62,9 @@ __all__ = [
     "ClipBounds",
     "ClipConfig",
     "ConfigError",
+    "CovarianceSelection",
+    "DivergenceMask",
+    "GammaWeight",
     "ISCorrection",
     "ISLevel",
     "ISMode",
@@ -71,15 +80,19 @@ __all__ = [
     "PolgradError",
     "PolicyLossConfig",
     "PolicyLossOutput",
+    "QuadraticPenalty",
     "RatioKind",
     "SingletonGroup",
+    "SoftGate",
     "SurrogateKind",
+    "SurrogateParams",
     "Unstated",
     "aggregate",
     "categorical_kl",
     "clip_region",
     "clipped_value_loss",
     "compute_advantages",
+    "covariance_selection",
     "describe_algorithm",
     "discounted_returns",
     "gae",

@@ -8,7 +8,6 @@ construction, so an invalid config cannot exist.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from enum import Enum
 from typing import Any, TypeVar
@@ -16,11 +15,15 @@ from typing import Any, TypeVar
 from .errors import ConfigError
 
 __all__ = [
+    "PARAMS_TYPE",
     "AdvantageConfig",
     "AdvantageEstimator",
     "Aggregation",
     "ClipBounds",
     "ClipConfig",
+    "CovarianceSelection",
+    "DivergenceMask",
+    "GammaWeight",
     "ISCorrection",
     "ISLevel",
     "ISMode",
@@ -31,9 +34,12 @@ __all__ = [
     "KLRatioWeight",
     "MicroBatchScaling",
     "PolicyLossConfig",
+    "QuadraticPenalty",
     "RatioKind",
     "SingletonGroup",
+    "SoftGate",
     "SurrogateKind",
+    "SurrogateParams",
 ]
 
 
@@ -47,10 +53,20 @@ class RatioKind(str, Enum):
     (GSPO, arXiv:2507.18071 Eq. 7)."""
     SEQUENCE_TOKEN = "sequence_token"
     """Value of the sequence ratio, token-local gradient (GSPO-token, arXiv:2507.18071 Eq. 13)."""
+    SEQUENCE_PRODUCT = "sequence_product"
+    """``exp(sum_t (logprobs_t - old_logprobs_t))``, the sequence likelihood ratio, broadcast
+    over the row; with the CISPO surrogate only: verl 0.9.1's bypass mode with
+    ``rollout_is="sequence"`` weights ``log pi`` by ``sg(min(prod_t r_t, C))``
+    (core_algos.py ``compute_policy_loss_bypass_mode``)."""
 
 
 class SurrogateKind(str, Enum):
-    """The per-token objective whose gradient is the policy gradient."""
+    """The per-token objective whose gradient is the policy gradient.
+
+    The surrogates after ``cispo`` need ``PolicyLossConfig.params`` of the type
+    :data:`PARAMS_TYPE` names (their constants are stated, never defaulted silently) and
+    the token ratio; formulas in ``polgrad_reference.surrogates`` and ``docs/losses.md``.
+    """
 
     PG_CLIP = "pg_clip"
     """``-min(r A, clip(r, 1-eps_low, 1+eps_high) A)``, optional dual clip (arXiv:1707.06347
@@ -61,6 +77,30 @@ class SurrogateKind(str, Enum):
     """``-A log pi``: REINFORCE (Williams 1992); ignores ``old_logprobs``."""
     CISPO = "cispo"
     """``-sg(clip(r, 1-eps_low, 1+eps_high)) A log pi`` (MiniMax-M1, arXiv:2506.13585 Eq. 4)."""
+    SAPO = "sapo"
+    """``-(4/tau) sigmoid(tau (r - 1)) A``, a soft gate instead of the clip
+    (arXiv:2511.20347); params :class:`SoftGate`; any ratio kind."""
+    GMPO = "gmpo"
+    """Geometric mean of log-space-clipped token ratios times the mean advantage, per
+    sequence (arXiv:2507.20673; verl ``geo_mean``); clip eps are log-space bounds; needs
+    ``seq-mean-token-mean`` (the objective is a mean over sequences); no params."""
+    DPPO_TV = "dppo_tv"
+    """``-A sg(min(r, cap)) log pi`` on tokens inside a total-variation trust region
+    (arXiv:2602.04879; verl ``dppo_tv``); params :class:`DivergenceMask`."""
+    DPPO_KL = "dppo_kl"
+    """As ``dppo_tv`` with the binary-KL trust region (verl ``dppo_kl``)."""
+    DRO = "dro"
+    """``-(A log pi - beta/2 (log r)^2)`` (verl 0.9.1 ``dro``); params
+    :class:`QuadraticPenalty`."""
+    VESPO = "vespo"
+    """``-sg(phi(w)) A log pi`` with a gamma weight of the sequence ratio
+    (arXiv:2602.10693; TRL ``loss_type="vespo"``); params :class:`GammaWeight`."""
+    CLIP_COV = "clip_cov"
+    """PPO clip with the loss of selected high-covariance tokens set to 0
+    (arXiv:2505.22617; verl ``clip_cov``); params :class:`CovarianceSelection`."""
+    KL_COV = "kl_cov"
+    """``-r A`` plus ``kl_coef |log r|`` at selected high-covariance tokens
+    (arXiv:2505.22617; verl ``kl_cov``); params :class:`CovarianceSelection`."""
 
 
 class Aggregation(str, Enum):
@@ -229,16 +269,42 @@ class SingletonGroup(str, Enum):
 _E = TypeVar("_E", bound=Enum)
 
 
-def _suggest(value: object, allowed: list[str]) -> str:
-    """``"; did you mean 'token-mean'?"`` for a near miss (``_`` for ``-``, case, typos)."""
-    if not isinstance(value, str):
-        return ""
+def _distance(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (optimal string alignment)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[len(a)][len(b)]
+
+
+def _closest(value: object, allowed: list[str]) -> str | None:
+    """The allowed spelling a near miss most likely meant (``_`` for ``-``, case, typos)."""
+    if not isinstance(value, str) or not allowed:
+        return None
     spelled = value.strip().lower().replace("_", "-").replace(" ", "-")
-    for cand in allowed:
-        if spelled == cand.lower().replace("_", "-"):
-            return f"; did you mean {cand!r}?"
-    close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    norm = {cand: cand.lower().replace("_", "-") for cand in allowed}
+    for cand, n in norm.items():
+        if spelled == n:
+            return cand
+    prefixed = [
+        c
+        for c, n in norm.items()
+        if min(len(n), len(spelled)) >= 3 and (n.startswith(spelled) or spelled.startswith(n))
+    ]
+    if len(prefixed) == 1:
+        return prefixed[0]
+    best = min(allowed, key=lambda c: (_distance(spelled, norm[c]), c))
+    return best if _distance(spelled, norm[best]) <= max(1, len(spelled) // 3) else None
+
+
+def _suggest(value: object, allowed: list[str]) -> str:
+    """``"; did you mean 'token-mean'?"`` for a near miss, else ``""``."""
+    best = _closest(value, allowed)
+    return "" if best is None else f"; did you mean {best!r}?"
 
 
 def _enum(cls: type[_E], value: object, field: str) -> _E:
@@ -452,6 +518,130 @@ class KLConfig(_Derivable):
             raise ConfigError("ratio_weight applies to a KL placed in the loss, not in the reward")
 
 
+def _positive(value: object, field: str) -> float:
+    x = _real(value, field)
+    if x <= 0.0:
+        raise ConfigError(f"{field} must be > 0, got {x}")
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftGate(_Derivable):
+    """SAPO's gate temperatures (arXiv:2511.20347; its recommended 1.0 / 1.05 are TRL
+    1.16.0's defaults, grpo_config.py ``sapo_temperature_pos/neg``)."""
+
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+
+    def __post_init__(self) -> None:
+        for name in ("tau_pos", "tau_neg"):
+            _set(self, name, _positive(getattr(self, name), name))
+
+
+@dataclasses.dataclass(frozen=True)
+class DivergenceMask(_Derivable):
+    """DPPO's trust-region thresholds and IS truncation (verl 0.9.1 reads ``clip_ratio`` /
+    ``_low`` / ``_high`` as the thresholds, default 0.2, and ``clip_ratio_c`` = 20 as the cap)."""
+
+    delta_low: float = 0.2
+    delta_high: float = 0.2
+    is_cap: float | None = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("delta_low", "delta_high"):
+            _set(self, name, _positive(getattr(self, name), name))
+        if self.is_cap is not None:
+            _set(self, "is_cap", _positive(self.is_cap, "is_cap"))
+
+
+@dataclasses.dataclass(frozen=True)
+class QuadraticPenalty(_Derivable):
+    """DRO's ``beta`` (verl 0.9.1 ``policy_loss.dro_beta``: required, no default)."""
+
+    beta: float
+
+    def __post_init__(self) -> None:
+        _set(self, "beta", _positive(self.beta, "beta"))
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaWeight(_Derivable):
+    """VESPO's gamma-weight shapes (TRL 1.16.0 defaults ``vespo_k_pos=2``,
+    ``vespo_lambda_pos=3``, ``vespo_k_neg=3``, ``vespo_lambda_neg=2``)."""
+
+    k_pos: float = 2.0
+    lambda_pos: float = 3.0
+    k_neg: float = 3.0
+    lambda_neg: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("k_pos", "k_neg"):
+            v = _real(getattr(self, name), name)
+            if v < 0.0:
+                raise ConfigError(f"{name} must be >= 0, got {v}")
+            _set(self, name, v)
+        for name in ("lambda_pos", "lambda_neg"):
+            _set(self, name, _positive(getattr(self, name), name))
+
+
+@dataclasses.dataclass(frozen=True)
+class CovarianceSelection(_Derivable):
+    """Clip-Cov / KL-Cov token selection (arXiv:2505.22617; verl 0.9.1 defaults: fraction
+    ``2e-4`` of the response tokens, at least one; clip_cov's covariance window
+    ``(low, high) = (1, 5)``; kl_cov's ``kl_coef = 1``).
+
+    Clip-Cov draws ``k`` of its candidates at random (verl: ``torch.randperm`` on the
+    global RNG). Here the draw uses a generator seeded with ``seed`` (unless a generator or
+    an explicit ``token_selection`` is passed), so the loss is a pure function of its
+    inputs and config; it coincides with any implementation whenever every candidate is
+    selected (at most ``k`` of them).
+    """
+
+    fraction: float = 2e-4
+    low: float = 1.0
+    high: float = 5.0
+    kl_coef: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        frac = _positive(self.fraction, "fraction")
+        if frac > 1.0:
+            raise ConfigError(f"fraction must lie in (0, 1], got {frac}")
+        _set(self, "fraction", frac)
+        _set(self, "low", _real(self.low, "low"))
+        _set(self, "high", _real(self.high, "high"))
+        if self.low >= self.high:
+            raise ConfigError(f"low must be < high, got low={self.low}, high={self.high}")
+        coef = _real(self.kl_coef, "kl_coef")
+        if coef < 0.0:
+            raise ConfigError(f"kl_coef must be >= 0, got {coef}")
+        _set(self, "kl_coef", coef)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+
+SurrogateParams = SoftGate | DivergenceMask | QuadraticPenalty | GammaWeight | CovarianceSelection
+"""The constants of the surrogates that have their own (``PolicyLossConfig.params``)."""
+
+PARAMS_TYPE: dict[SurrogateKind, type] = {
+    SurrogateKind.SAPO: SoftGate,
+    SurrogateKind.DPPO_TV: DivergenceMask,
+    SurrogateKind.DPPO_KL: DivergenceMask,
+    SurrogateKind.DRO: QuadraticPenalty,
+    SurrogateKind.VESPO: GammaWeight,
+    SurrogateKind.CLIP_COV: CovarianceSelection,
+    SurrogateKind.KL_COV: CovarianceSelection,
+}
+"""Which params type each surrogate needs; the others take ``params=None``."""
+
+TOKEN_RATIO_ONLY = frozenset(SurrogateKind) - {
+    SurrogateKind.PG_CLIP,
+    SurrogateKind.PG,
+    SurrogateKind.SAPO,
+}
+"""Surrogates defined on the token ratio only (they read ``log pi`` or token log-ratios)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig(_Derivable):
     """One point of the loss algebra: ratio x surrogate x clip x aggregation x corrections."""
@@ -463,6 +653,7 @@ class PolicyLossConfig(_Derivable):
     budget: int | None = None
     is_correction: ISCorrection | None = None
     kl: KLConfig | None = None
+    params: SurrogateParams | None = None
 
     def __post_init__(self) -> None:
         _set(self, "ratio", _enum(RatioKind, self.ratio, "ratio"))
@@ -477,13 +668,23 @@ class PolicyLossConfig(_Derivable):
                 f"budget applies to aggregation='token-sum-norm' only, "
                 f"got budget={self.budget!r} with aggregation={self.aggregation.value!r}"
             )
-        if self.surrogate in (SurrogateKind.REINFORCE, SurrogateKind.CISPO) and (
-            self.ratio is not RatioKind.TOKEN
+        if self.ratio is RatioKind.SEQUENCE_PRODUCT and self.surrogate is not SurrogateKind.CISPO:
+            raise ConfigError(
+                "ratio='sequence_product' is defined with surrogate='cispo' only (a truncated, "
+                f"detached sequence weight), got surrogate={self.surrogate.value!r}"
+            )
+        if (
+            self.surrogate in TOKEN_RATIO_ONLY
+            and self.ratio is not RatioKind.TOKEN
+            and not (
+                self.surrogate is SurrogateKind.CISPO and self.ratio is RatioKind.SEQUENCE_PRODUCT
+            )
         ):
             raise ConfigError(
                 f"surrogate={self.surrogate.value!r} is defined with ratio='token' only, "
                 f"got ratio={self.ratio.value!r}"
             )
+        self._check_params()
         if self.kl is not None and not isinstance(self.kl, KLConfig):
             raise ConfigError(f"kl must be a KLConfig or None, got {type(self.kl).__name__}")
         if (
@@ -497,6 +698,36 @@ class PolicyLossConfig(_Derivable):
                 f"is_correction must be an ISCorrection or None, "
                 f"got {type(self.is_correction).__name__}"
             )
+
+    def _check_params(self) -> None:
+        want = PARAMS_TYPE.get(self.surrogate)
+        if want is None and self.params is not None:
+            raise ConfigError(
+                f"surrogate={self.surrogate.value!r} takes no params, "
+                f"got {type(self.params).__name__}"
+            )
+        if want is not None and not isinstance(self.params, want):
+            got = "None" if self.params is None else type(self.params).__name__
+            raise ConfigError(
+                f"surrogate={self.surrogate.value!r} needs params={want.__name__}(...) "
+                f"stating its constants, got {got}"
+            )
+        if self.surrogate is SurrogateKind.GMPO:
+            if self.aggregation is not Aggregation.SEQ_MEAN_TOKEN_MEAN:
+                raise ConfigError(
+                    "surrogate='gmpo' is a mean over sequences (arXiv:2507.20673): it needs "
+                    f"aggregation='seq-mean-token-mean', got {self.aggregation.value!r}"
+                )
+            if self.clip.bounds is not ClipBounds.RELATIVE or self.clip.dual_clip is not None:
+                raise ConfigError(
+                    "surrogate='gmpo' reads eps_low/eps_high as log-space bounds: it takes "
+                    "bounds='relative' and no dual_clip"
+                )
+
+    @property
+    def needs_selection(self) -> bool:
+        """True for the covariance surrogates, whose selected tokens are an input."""
+        return self.surrogate in (SurrogateKind.CLIP_COV, SurrogateKind.KL_COV)
 
     @property
     def kl_in_loss(self) -> bool:

@@ -99,7 +99,13 @@ def _estimate(est: KLEstimator, lr: torch.Tensor, mask: torch.Tensor) -> torch.T
         raise NumericalError(
             f"the {est.value} estimate overflows {k.dtype} at positions "
             f"{v.format_positions(bad)} (|ref_logprobs - logprobs| up to {worst:.6g}); "
-            "compute in float64 or check that ref_logprobs belong to the same tokens"
+            + (
+                "float64 holds exp(x) only for x < 709.78, so ref_logprobs cannot be "
+                "log-probabilities of the same tokens: check them"
+                if k.dtype == torch.float64
+                else "check that ref_logprobs belong to the same tokens; if they do, compute "
+                "in float64"
+            )
         )
     return k  # lr = 0 at padding makes every estimator exactly 0 there
 

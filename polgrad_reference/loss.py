@@ -13,13 +13,21 @@ import torch
 
 from . import _validate as v
 from .aggregate import _weights
-from .config import ISCorrection, ISLevel, ISMode, ISWeight, PolicyLossConfig, SurrogateKind
+from .config import (
+    CovarianceSelection,
+    ISCorrection,
+    ISLevel,
+    ISMode,
+    ISWeight,
+    PolicyLossConfig,
+    SurrogateKind,
+)
 from .errors import ConfigError, InputError, NumericalError
 from .kl import k_values, ratio_weighted
 from .ratios import masked_log_ratio, ratio
-from .surrogates import surrogate
+from .surrogates import _clamp, _selection, surrogate
 
-__all__ = ["PolicyLossOutput", "policy_loss"]
+__all__ = ["PolicyLossOutput", "covariance_selection", "policy_loss"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +74,7 @@ def _check_inputs(
     response_mask: object,
     ref_logprobs: object,
     rollout_logprobs: object,
+    policy_only: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Metadata-only checks: types, dtypes, devices, shapes, required optional tensors."""
     if not isinstance(cfg, PolicyLossConfig):
@@ -85,7 +94,7 @@ def _check_inputs(
         ),
     }
     for name, (value, needed, why) in needs.items():
-        if needed:
+        if needed and not policy_only:
             if value is None:
                 raise InputError(f"{name} is required because {why}")
             floats[name] = v.require_float_tensor(name, value)
@@ -98,6 +107,88 @@ def _check_inputs(
     v.require_same_dtype(floats)
     v.require_same_device({**floats, "response_mask": mask})
     return {"response_mask": mask, **floats}
+
+
+_READS_LOGPROBS = frozenset(
+    {
+        SurrogateKind.REINFORCE,
+        SurrogateKind.CISPO,
+        SurrogateKind.DPPO_TV,
+        SurrogateKind.DPPO_KL,
+        SurrogateKind.DRO,
+        SurrogateKind.VESPO,
+        SurrogateKind.CLIP_COV,
+        SurrogateKind.KL_COV,
+    }
+)
+_READS_OLD = frozenset({SurrogateKind.DPPO_TV, SurrogateKind.DPPO_KL})
+
+
+def _token_selection(
+    cfg: PolicyLossConfig,
+    given: object,
+    lp: torch.Tensor,
+    r: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    if given is not None:
+        sel = v.require_bool_mask("token_selection", given)
+        v.require_shape("token_selection", sel, tuple(mask.shape), "[B, T] like response_mask")
+        v.require_same_device({"token_selection": sel, "response_mask": mask})
+        return sel & mask
+    if not bool(mask.any()):
+        return torch.zeros_like(mask)
+    assert isinstance(cfg.params, CovarianceSelection)
+    return _selection(
+        cfg.surrogate,
+        cfg.params,
+        cfg.clip,
+        ratio=r.detach(),
+        logprobs=lp.detach(),
+        advantages=adv,
+        mask=mask,
+        generator=generator,
+    )
+
+
+def covariance_selection(
+    cfg: PolicyLossConfig,
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The tokens a Clip-Cov / KL-Cov loss treats specially, bool ``[B, T]``
+    (arXiv:2505.22617 Sec. 4; verl 0.9.1 ``compute_policy_loss_clip_cov`` / ``_kl_cov``).
+
+    With ``cov = (A - mean A) (log pi - mean log pi)`` over the response tokens and
+    ``k = max(floor(fraction * N), 1)``: KL-Cov takes the ``k`` largest ``cov`` (ties: the
+    lowest flat index first, a deterministic choice where verl's ``topk`` leaves ties
+    unspecified). Clip-Cov's candidates are the tokens with ``low < cov < high`` whose clip
+    is not already active; it takes all of them when there are at most ``k``, else ``k``
+    drawn uniformly with ``generator`` (default: seeded with ``cfg.params.seed``; verl
+    draws with the global RNG, so its choice is not reproducible). The loss is then a pure
+    function of its inputs, its config and the selection.
+    """
+    t = _check_inputs(cfg, logprobs, old_logprobs, advantages, response_mask, None, None, True)
+    if not cfg.needs_selection:
+        raise ConfigError(
+            f"covariance_selection applies to surrogates 'clip_cov' and 'kl_cov', "
+            f"got {cfg.surrogate.value!r}"
+        )
+    mask = t["response_mask"]
+    for name in ("logprobs", "old_logprobs"):
+        v.require_finite_where(name, t[name], mask)
+    adv = t["advantages"].detach()
+    v.require_finite_where("advantages", adv, mask if adv.dim() == 2 else None)
+    adv = adv[:, None] if adv.dim() == 1 else torch.where(mask, adv, 0.0)
+    lp = torch.where(mask, t["logprobs"].detach(), 0.0)
+    r = ratio(cfg.ratio, masked_log_ratio(lp, t["old_logprobs"].detach(), mask), mask)
+    return _token_selection(cfg, None, lp, r, adv, mask, generator)
 
 
 def _log_rho(corr: ISCorrection, token_log_rho: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -147,7 +238,24 @@ def _apply_is(
     return torch.where(mask & keep, token_loss, 0.0), mask
 
 
-def _explain_failure(t: dict[str, torch.Tensor], out: PolicyLossOutput) -> None:
+def _overflow_advice(dtype: torch.dtype, other: str) -> str:
+    """What to do about an ``exp`` overflow: in float64 no wider dtype exists, and a
+    log-ratio past ~709 means the two tensors do not describe the same tokens."""
+    check = (
+        f"check that {other} are log-probabilities of the same tokens as logprobs "
+        "(not logits, probabilities or another row's values)"
+    )
+    if dtype == torch.float64:
+        return (
+            f"float64 holds exp(x) only for x < 709.78, and no pair of log-probabilities of "
+            f"the same tokens is that far apart: {check}"
+        )
+    return f"{check}; if they are, compute in float64 (exp(x) is finite there for x < 709.78)"
+
+
+def _explain_failure(
+    cfg: PolicyLossConfig, t: dict[str, torch.Tensor], out: PolicyLossOutput
+) -> None:
     """Slow path, run only when a cheap probe saw a non-finite value or an empty row.
 
     Raises the most specific error it can find; returns when the probe was a false alarm
@@ -161,21 +269,20 @@ def _explain_failure(t: dict[str, torch.Tensor], out: PolicyLossOutput) -> None:
     adv = t["advantages"]
     v.require_finite_where("advantages", adv, mask if adv.dim() == 2 else None)
     bad = ~torch.isfinite(out.ratio) & mask
-    if bool(bad.any()):
+    if cfg.surrogate is not SurrogateKind.CISPO and bool(bad.any()):  # CISPO truncates it
         lr = (t["logprobs"] - t["old_logprobs"]).detach()[bad].max().item()
         raise NumericalError(
             f"the importance ratio exp(logprobs - old_logprobs) overflows "
             f"{out.ratio.dtype} at positions {v.format_positions(bad)} "
-            f"(largest log-ratio {lr:.6g}); check that old_logprobs belong to the same "
-            "tokens, or compute in float64"
+            f"(largest log-ratio {lr:.6g}); {_overflow_advice(out.ratio.dtype, 'old_logprobs')}"
         )
     if out.kl is not None:
         bad = ~torch.isfinite(out.kl) & out.response_mask
         if bool(bad.any()):
             raise NumericalError(
                 f"the KL estimate overflows {out.kl.dtype} at positions "
-                f"{v.format_positions(bad)}; ref_logprobs - logprobs is too large there "
-                "(check that ref_logprobs belong to the same tokens, or compute in float64)"
+                f"{v.format_positions(bad)}: ref_logprobs - logprobs is too large there; "
+                f"{_overflow_advice(out.kl.dtype, 'ref_logprobs')}"
             )
     for name, value in (("kl_loss", out.kl_loss), ("loss", out.loss)):
         if value is not None and not bool(torch.isfinite(value)):
@@ -194,6 +301,7 @@ def policy_loss(
     response_mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None = None,
     rollout_logprobs: torch.Tensor | None = None,
+    token_selection: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """Evaluate the policy loss ``cfg`` on a ``[B, T]`` right-padded batch.
 
@@ -201,6 +309,10 @@ def policy_loss(
     (``[B]`` or ``[B, T]``), ``ref_logprobs`` and ``rollout_logprobs`` are treated as
     constants. Values at padding are ignored (NaN allowed) and get zero gradient. Computes
     in the inputs' dtype; the conformance oracle passes float64.
+
+    ``token_selection`` (bool ``[B, T]``) is the set of tokens Clip-Cov / KL-Cov treat
+    specially; when omitted it is :func:`covariance_selection` (Clip-Cov's random draw
+    seeded by ``cfg.params.seed``).
 
     Raises ``InputError``/``InputTypeError`` for malformed input (naming the argument and
     positions) and ``NumericalError`` instead of returning inf/NaN.
@@ -216,10 +328,35 @@ def policy_loss(
 
     log_ratio = masked_log_ratio(lp, old, mask)
     r = ratio(cfg.ratio, log_ratio, mask)
-    if cfg.surrogate in (SurrogateKind.REINFORCE, SurrogateKind.CISPO):
+    if cfg.surrogate in _READS_LOGPROBS:
         lp = torch.where(mask, lp, 0.0)  # these read log pi itself: keep padding out
-    token_loss = surrogate(cfg.surrogate, ratio=r, advantages=adv, logprobs=lp, clip=cfg.clip)
-    probes = [log_ratio.detach().sum(), r.detach().sum()]
+    if cfg.surrogate in _READS_OLD:
+        old = torch.where(mask, old, 0.0)
+    selection = None
+    if cfg.needs_selection:
+        selection = _token_selection(cfg, token_selection, lp, r, adv, mask, None)
+    elif token_selection is not None:
+        raise InputError(
+            f"token_selection applies to surrogates 'clip_cov' and 'kl_cov' only, "
+            f"got surrogate={cfg.surrogate.value!r}"
+        )
+    token_loss = surrogate(
+        cfg.surrogate,
+        ratio=r,
+        advantages=adv,
+        logprobs=lp,
+        clip=cfg.clip,
+        log_ratio=log_ratio,
+        old_logprobs=old,
+        response_mask=mask,
+        params=cfg.params,
+        selection=selection,
+    )
+    # CISPO reads the ratio only through its truncation: probe what enters the loss.
+    r_used = (
+        r if cfg.surrogate is not SurrogateKind.CISPO else _clamp(r, cfg.clip.low, cfg.clip.high)
+    )
+    probes = [log_ratio.detach().sum(), r_used.detach().sum()]
     del log_ratio  # autograd keeps what it needs; holding it would raise peak memory
 
     corr = cfg.is_correction
@@ -255,5 +392,5 @@ def policy_loss(
     lengths_ok = t["response_mask"].any(dim=1).all()
     probes.append(total.detach())
     if not (bool(torch.isfinite(torch.stack(probes)).all()) and bool(lengths_ok)):
-        _explain_failure(t, out)
+        _explain_failure(cfg, t, out)
     return out

@@ -37,9 +37,13 @@ def ratio(kind: RatioKind, log_ratio: torch.Tensor, response_mask: torch.Tensor)
     - sequence_token: ``sg(s_b) * exp(log r[b, t] - sg(log r[b, t]))``; its value is
       ``s_b`` and its gradient is token-local, ``d/d logprobs[b, t] = s_b``
       (arXiv:2507.18071 Eq. 13)
+    - sequence_product: ``exp(sum_t log r[b, t])`` broadcast over the row (the sequence
+      likelihood ratio; may overflow to inf, which the CISPO truncation bounds)
     """
     if kind is RatioKind.TOKEN:
         return torch.exp(log_ratio)
+    if kind is RatioKind.SEQUENCE_PRODUCT:
+        return torch.exp(log_ratio.sum(dim=1, keepdim=True)).expand_as(log_ratio)
     seq = torch.exp(sequence_log_ratio(log_ratio, response_mask))[:, None]
     if kind is RatioKind.SEQUENCE:
         return seq.expand_as(log_ratio)

@@ -16,14 +16,24 @@ from .config import (
     AdvantageConfig,
     AdvantageEstimator,
     Aggregation,
+    ClipBounds,
     ClipConfig,
+    CovarianceSelection,
+    DivergenceMask,
+    GammaWeight,
     ISCorrection,
+    ISLevel,
+    ISMode,
     KLConfig,
     KLEstimator,
     KLPlacement,
     PolicyLossConfig,
+    QuadraticPenalty,
     RatioKind,
+    SoftGate,
     SurrogateKind,
+    _closest,
+    _enum,
 )
 from .errors import ConfigError
 
@@ -51,19 +61,25 @@ class AlgorithmSpec:
     unstated: tuple[Unstated, ...] = ()
 
     def derive(self, **changes: Any) -> AlgorithmSpec:
-        """A validated copy with loss, clip or advantage fields changed; the registry is
-        untouched. Clip fields (``eps_low``, ``eps_high``, ``dual_clip``) and loss fields
-        (``aggregation``, ``budget``, ``ratio``, ``surrogate``, ``kl``, ``is_correction``,
-        ``clip``) are routed by name; ``advantage=`` replaces the advantage config.
-        Changing ``aggregation`` away from token-sum-norm drops the budget.
+        """A validated copy with loss, clip, surrogate-params or advantage fields changed; the
+        registry is untouched. Clip fields (``eps_low``, ``eps_high``, ``dual_clip``,
+        ``bounds``), the fields of the entry's ``params`` (e.g. ``tau_neg`` for SAPO) and
+        loss fields (``aggregation``, ``budget``, ``ratio``, ``surrogate``, ``kl``,
+        ``is_correction``, ``clip``, ``params``) are routed by name; ``advantage=``
+        replaces the advantage config. Changing ``aggregation`` away from token-sum-norm
+        drops the budget. Every error is a :class:`ConfigError` naming the allowed values.
         """
         clip_fields = {f.name for f in dataclasses.fields(ClipConfig)}
         loss_fields = {f.name for f in dataclasses.fields(PolicyLossConfig)}
+        params = self.loss.params
+        param_fields = {f.name for f in dataclasses.fields(params)} if params is not None else set()
+        param_fields -= clip_fields | loss_fields
         clip_changes = {k: changes.pop(k) for k in list(changes) if k in clip_fields}
+        param_changes = {k: changes.pop(k) for k in list(changes) if k in param_fields}
         advantage = changes.pop("advantage", self.advantage)
         unknown = set(changes) - loss_fields
         if unknown:
-            allowed = sorted(clip_fields | loss_fields | {"advantage"})
+            allowed = sorted(clip_fields | loss_fields | param_fields | {"advantage"})
             raise ConfigError(f"unknown override(s) {sorted(unknown)}; allowed: {allowed}")
         if not isinstance(advantage, AdvantageConfig):
             raise ConfigError(f"advantage must be an AdvantageConfig, got {advantage!r}")
@@ -71,13 +87,14 @@ class AlgorithmSpec:
         if clip_changes:
             base = loss_changes.get("clip", self.loss.clip)
             loss_changes["clip"] = base.replace(**clip_changes)
+        if param_changes:
+            assert params is not None
+            loss_changes["params"] = loss_changes.get("params", params).replace(**param_changes)
         new_agg = loss_changes.get("aggregation")
-        if (
-            new_agg is not None
-            and "budget" not in loss_changes
-            and Aggregation(new_agg) is not Aggregation.TOKEN_SUM_NORM
-        ):
-            loss_changes["budget"] = None
+        if new_agg is not None:
+            new_agg = loss_changes["aggregation"] = _enum(Aggregation, new_agg, "aggregation")
+            if "budget" not in loss_changes and new_agg is not Aggregation.TOKEN_SUM_NORM:
+                loss_changes["budget"] = None
         loss = self.loss.replace(**loss_changes)
         return dataclasses.replace(self, loss=loss, advantage=advantage)
 
@@ -282,7 +299,344 @@ _SPECS = (
     ),
 )
 
-ALGORITHMS: Mapping[str, AlgorithmSpec] = MappingProxyType({s.name: s for s in _SPECS})
+
+_GRPO_ADV = AdvantageConfig(estimator=AdvantageEstimator.GRPO, scale_by_std=True)
+_VERL = "verl 0.9.1 verl/trainer/ppo/core_algos.py"
+_VERL_RC = "verl 0.9.1 verl/trainer/ppo/rollout_corr_helper.py and trainer/config/algorithm.py"
+_TRL = "trl 1.16.0 trl/trainer/grpo_trainer.py (GRPOTrainer._compute_loss)"
+_TOKEN_MEAN_VERL = Unstated(
+    "aggregation", "token-mean", "the source leaves it open; verl's default loss_agg_mode"
+)
+
+
+def _grpo_is(corr: ISCorrection) -> PolicyLossConfig:
+    """The GRPO paper's loss (no KL) under a rollout IS correction."""
+    return PolicyLossConfig(
+        ratio=RatioKind.TOKEN,
+        surrogate=SurrogateKind.PG_CLIP,
+        clip=_clip(0.2, 0.2),
+        aggregation=Aggregation.SEQ_MEAN_TOKEN_MEAN,
+        is_correction=corr,
+    )
+
+
+_IS_BASE = Unstated(
+    "loss", "grpo without its KL term", "a correction applies to any loss; GRPO's is the carrier"
+)
+
+_VARIANTS = (
+    AlgorithmSpec(
+        name="ppo_dual_clip",
+        title="PPO with dual clip",
+        loss=PolicyLossConfig(clip=_clip(0.2, 0.2, 3.0), aggregation=Aggregation.TOKEN_MEAN),
+        advantage=AdvantageConfig(estimator=AdvantageEstimator.GAE, gamma=1.0, lam=0.95),
+        sources=(
+            "arXiv:1912.09729 Eq. 5 (dual clip, c = 3)",
+            f"{_VERL} compute_policy_loss_vanilla (clip_ratio_c = 3.0, always applied)",
+        ),
+        unstated=(Unstated("aggregation", "token-mean", "as the ppo entry"),),
+    ),
+    AlgorithmSpec(
+        name="sapo",
+        title="SAPO, soft adaptive policy optimization",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.SAPO,
+            aggregation=Aggregation.SEQ_MEAN_TOKEN_MEAN,
+            params=SoftGate(tau_pos=1.0, tau_neg=1.05),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2511.20347 (sigmoid gate 4/tau sigmoid(tau (r - 1)); tau_pos 1.0, tau_neg 1.05)",
+            f"{_VERL} compute_policy_loss_sapo (seq-mean-token-mean, whatever loss_agg_mode)",
+            f"{_TRL} loss_type='sapo' (temperature per advantage sign, A <= 0 takes tau_neg)",
+        ),
+        unstated=_STD,
+    ),
+    AlgorithmSpec(
+        name="gmpo",
+        title="GMPO, geometric-mean policy optimization",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.GMPO,
+            clip=_clip(0.4, 0.4),
+            aggregation=Aggregation.SEQ_MEAN_TOKEN_MEAN,
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2507.20673 Eq. 6 (geometric mean of token ratios, clipped in log space)",
+            "arXiv:2507.20673 Sec. 4 (clip range (e^-0.4, e^0.4))",
+            f"{_VERL} compute_policy_loss_geo_mean (mean over sequences)",
+        ),
+        unstated=_STD,
+    ),
+    AlgorithmSpec(
+        name="dppo_tv",
+        title="DPPO, binary total-variation trust region",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.DPPO_TV,
+            aggregation=Aggregation.TOKEN_MEAN,
+            params=DivergenceMask(delta_low=0.2, delta_high=0.2, is_cap=20.0),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2602.04879 (divergence trust region on the sampled token's probability)",
+            "arXiv:2602.04879 Sec. 5.4 (truncated IS weight with a large cap instead of dual clip)",
+            f"{_VERL} compute_policy_loss_dppo_tv (cap clip_ratio_c = 20)",
+        ),
+        unstated=(
+            Unstated(
+                "params.delta_low/delta_high",
+                0.2,
+                "verl reads its clip_ratio (0.2) as the TV threshold; the paper's value "
+                "is not recorded here",
+            ),
+            _TOKEN_MEAN_VERL,
+            *_STD,
+        ),
+    ),
+    AlgorithmSpec(
+        name="dppo_kl",
+        title="DPPO, binary KL trust region",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.DPPO_KL,
+            aggregation=Aggregation.TOKEN_MEAN,
+            params=DivergenceMask(delta_low=0.2, delta_high=0.2, is_cap=20.0),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2602.04879 (binary KL between Bernoulli(p_old) and Bernoulli(p))",
+            f"{_VERL} compute_policy_loss_dppo_kl (cap clip_ratio_c = 20)",
+        ),
+        unstated=(
+            Unstated(
+                "params.delta_low/delta_high",
+                0.2,
+                "verl reads its clip_ratio (0.2) as the KL threshold; the paper's value "
+                "is not recorded here",
+            ),
+            _TOKEN_MEAN_VERL,
+            *_STD,
+        ),
+    ),
+    AlgorithmSpec(
+        name="gpg",
+        title="GPG, group policy gradient",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.REINFORCE, aggregation=Aggregation.TOKEN_MEAN
+        ),
+        advantage=AdvantageConfig(estimator=AdvantageEstimator.GRPO, scale_by_std=False),
+        sources=(
+            "arXiv:2504.02546 (plain policy gradient -A log pi, no ratio, no clip, no KL)",
+            f"{_VERL} compute_policy_loss_gpg and compute_gpg_outcome_advantage",
+        ),
+        unstated=(
+            Unstated(
+                "advantage.alpha",
+                "not modelled",
+                "GPG rescales group-centred rewards by B / (number of non-zero rewards); "
+                "the reference advantage omits that factor",
+            ),
+            _TOKEN_MEAN_VERL,
+        ),
+    ),
+    AlgorithmSpec(
+        name="clip_cov",
+        title="Clip-Cov (entropy mechanism)",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.CLIP_COV,
+            clip=_clip(0.2, 0.2),
+            aggregation=Aggregation.TOKEN_MEAN,
+            params=CovarianceSelection(fraction=2e-4, low=1.0, high=5.0),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2505.22617 Sec. 4 (detach the gradient of a few high-covariance tokens)",
+            f"{_VERL} compute_policy_loss_clip_cov (fraction 2e-4, window (1, 5))",
+        ),
+        unstated=(
+            Unstated(
+                "token_selection",
+                "every candidate when there are at most k; else k drawn with seed 0",
+                "verl draws k of the candidates with the global RNG; the reference draws with "
+                "a seeded generator (params.seed) or takes token_selection= as an input",
+            ),
+            _TOKEN_MEAN_VERL,
+            *_STD,
+        ),
+    ),
+    AlgorithmSpec(
+        name="kl_cov",
+        title="KL-Cov (entropy mechanism)",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.KL_COV,
+            aggregation=Aggregation.TOKEN_MEAN,
+            params=CovarianceSelection(fraction=2e-4, kl_coef=1.0),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2505.22617 Sec. 4 (KL penalty |log r| on the top-k covariance tokens)",
+            f"{_VERL} compute_policy_loss_kl_cov (fraction 2e-4, ppo_kl_coef 1.0)",
+        ),
+        unstated=(
+            Unstated(
+                "token_selection", "top-k, ties by lowest index", "verl's topk leaves ties open"
+            ),
+            _TOKEN_MEAN_VERL,
+            *_STD,
+        ),
+    ),
+    AlgorithmSpec(
+        name="dro",
+        title="DRO, direct reward optimization with a quadratic log-ratio penalty",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.DRO,
+            aggregation=Aggregation.TOKEN_MEAN,
+            params=QuadraticPenalty(beta=1.0),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(f"{_VERL} compute_policy_loss_dro (-(A log pi - beta/2 (log r)^2))",),
+        unstated=(
+            Unstated(
+                "params.beta",
+                1.0,
+                "verl requires policy_loss.dro_beta > 0 and ships no default; set it with "
+                "derive(beta=...)",
+            ),
+            _TOKEN_MEAN_VERL,
+            *_STD,
+        ),
+    ),
+    AlgorithmSpec(
+        name="luspo",
+        title="LUSPO, length-unbiased sequence policy optimization",
+        loss=PolicyLossConfig(
+            ratio=RatioKind.SEQUENCE,
+            surrogate=SurrogateKind.PG_CLIP,
+            clip=_clip(3e-4, 4e-4),
+            aggregation=Aggregation.SEQ_MEAN_TOKEN_SUM,
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2602.05261 (GSPO with each sequence's loss scaled by its length)",
+            f"{_TRL} loss_type='luspo' ((per_token_loss * mask).sum(-1).mean())",
+        ),
+        unstated=(
+            Unstated(
+                "clip", "eps 3e-4 / 4e-4", "GSPO's ranges; the LUSPO value is not recorded here"
+            ),
+            *_STD,
+        ),
+    ),
+    AlgorithmSpec(
+        name="vespo",
+        title="VESPO, gamma-weighted sequence-level soft policy optimization",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.VESPO,
+            aggregation=Aggregation.TOKEN_MEAN,
+            params=GammaWeight(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0),
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2602.10693 (gamma weighting phi(w) = e^lambda w^k e^(-lambda w) of the "
+            "sequence IS ratio)",
+            f"{_TRL} loss_type='vespo' and get_gamma_weights (k/lambda 2/3 for A >= 0, 3/2 "
+            "else; token-mean over the batch)",
+        ),
+        unstated=_STD,
+    ),
+    AlgorithmSpec(
+        name="scalerl_cispo",
+        title="CISPO with an absolute truncation cap (ScaleRL)",
+        loss=PolicyLossConfig(
+            surrogate=SurrogateKind.CISPO,
+            clip=ClipConfig(None, 5.0, bounds=ClipBounds.ABSOLUTE),
+            aggregation=Aggregation.TOKEN_MEAN,
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2510.13786 (CISPO with eps_max = 5)",
+            f"{_TRL} loss_type='cispo': clamp(r, max=epsilon_high), epsilon_high the cap itself",
+        ),
+        unstated=_STD,
+    ),
+    AlgorithmSpec(
+        name="grpo_mis",
+        title="GRPO with token-level masked importance sampling",
+        loss=_grpo_is(ISCorrection(level=ISLevel.TOKEN, mode=ISMode.ZERO, high=3.0)),
+        advantage=_GRPO_ADV,
+        sources=(
+            f"{_TRL} vllm_importance_sampling_mode='token_mask' (ratio > C_max -> 0; C_max 3.0)",
+        ),
+        unstated=(_IS_BASE, _CLIP_02, *_STD),
+    ),
+    AlgorithmSpec(
+        name="grpo_seq_tis",
+        title="GRPO with sequence-level truncated importance sampling",
+        loss=_grpo_is(ISCorrection(level=ISLevel.SEQUENCE, mode=ISMode.TRUNCATE, cap=2.0)),
+        advantage=_GRPO_ADV,
+        sources=(
+            f"{_VERL_RC}: rollout_is='sequence', rollout_is_threshold 2.0 (the defaults)",
+            "verl#2953 (truncated IS correction for rollout/trainer mismatch)",
+        ),
+        unstated=(_IS_BASE, _CLIP_02, *_STD),
+    ),
+    AlgorithmSpec(
+        name="grpo_seq_mis",
+        title="GRPO with sequence-level masked importance sampling",
+        loss=_grpo_is(ISCorrection(level=ISLevel.SEQUENCE, mode=ISMode.ZERO, high=3.0)),
+        advantage=_GRPO_ADV,
+        sources=(f"{_TRL} vllm_importance_sampling_mode='sequence_mask' (the default), C_max 3.0",),
+        unstated=(_IS_BASE, _CLIP_02, *_STD),
+    ),
+    AlgorithmSpec(
+        name="icepop",
+        title="IcePop: token-level masked IS with a two-sided band",
+        loss=_grpo_is(ISCorrection(level=ISLevel.TOKEN, mode=ISMode.ZERO, low=0.5, high=5.0)),
+        advantage=_GRPO_ADV,
+        sources=(
+            "arXiv:2510.18855 (IcePop: zero the gradient of tokens whose training/inference "
+            "probability ratio leaves [alpha, beta])",
+            f"{_VERL_RC} decoupled_token_icepop (band 0.5_5.0; weights outside set to 0, "
+            "response_mask unchanged)",
+        ),
+        unstated=(_IS_BASE, _CLIP_02, *_STD),
+    ),
+    AlgorithmSpec(
+        name="grpo_geo_rs",
+        title="GRPO with geometric-mean rejection sampling",
+        loss=_grpo_is(
+            ISCorrection(
+                level=ISLevel.GEOMETRIC, mode=ISMode.MASK, low=1.0 / 1.001, high=1.0 / 0.999
+            )
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            f"{_VERL_RC} decoupled_geo_rs: rollout_rs='seq_mean_k1', threshold 0.999_1.001",
+            "verl 0.9.1 rollout_corr_helper.py compute_rollout_rejection_mask tests "
+            "mean(log(pi_rollout / pi_old)) against log(0.999), log(1.001): in "
+            "rho = pi_old / pi_rollout that is [1/1.001, 1/0.999]",
+        ),
+        unstated=(_IS_BASE, _CLIP_02, *_STD),
+    ),
+    AlgorithmSpec(
+        name="bypass_pg",
+        title="verl bypass mode, REINFORCE with a truncated sequence IS weight",
+        loss=PolicyLossConfig(
+            ratio=RatioKind.SEQUENCE_PRODUCT,
+            surrogate=SurrogateKind.CISPO,
+            clip=ClipConfig(None, 2.0, bounds=ClipBounds.ABSOLUTE),
+            aggregation=Aggregation.TOKEN_MEAN,
+        ),
+        advantage=_GRPO_ADV,
+        sources=(
+            f"{_VERL} compute_policy_loss_bypass_mode, loss_type='reinforce': "
+            "-A log pi sg(min(pi / pi_rollout, C)) with old_logprobs = rollout_logprobs",
+            f"{_VERL_RC} bypass_pg_is (rollout_is='sequence', threshold 2.0)",
+        ),
+        unstated=(_TOKEN_MEAN_VERL, *_STD),
+    ),
+)
+
+ALGORITHMS: Mapping[str, AlgorithmSpec] = MappingProxyType({s.name: s for s in _SPECS + _VARIANTS})
 """Read-only mapping from algorithm name to its :class:`AlgorithmSpec`."""
 
 
@@ -291,8 +645,10 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     try:
         return ALGORITHMS[name]
     except (KeyError, TypeError):
+        best = _closest(name, sorted(ALGORITHMS))
+        hint = "" if best is None else f" (did you mean {best!r}?)"
         raise ConfigError(
-            f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}"
+            f"unknown algorithm {name!r}{hint}; known: {', '.join(sorted(ALGORITHMS))}"
         ) from None
 
 
