@@ -21,12 +21,16 @@ from polgrad_reference.errors import ConfigError, InputError, InputTypeError
 
 CONFIGS = {
     "token": PolicyLossConfig(ratio="token", clip=ClipConfig(eps_low=0.2, eps_high=0.28)),
-    "token-dual": PolicyLossConfig(ratio="token", clip=ClipConfig(eps_low=0.2, eps_high=0.2, dual_clip=1.6)),
+    "token-dual": PolicyLossConfig(
+        ratio="token", clip=ClipConfig(eps_low=0.2, eps_high=0.2, dual_clip=1.6)
+    ),
     "sequence": PolicyLossConfig(ratio="sequence", clip=ClipConfig(eps_low=0.1, eps_high=0.1)),
     "sequence-dual": PolicyLossConfig(
         ratio="sequence", clip=ClipConfig(eps_low=0.1, eps_high=0.1, dual_clip=1.3)
     ),
-    "sequence_token": PolicyLossConfig(ratio="sequence_token", clip=ClipConfig(eps_low=0.1, eps_high=0.1)),
+    "sequence_token": PolicyLossConfig(
+        ratio="sequence_token", clip=ClipConfig(eps_low=0.1, eps_high=0.1)
+    ),
     "sequence_token-dual": PolicyLossConfig(
         ratio="sequence_token",
         clip=ClipConfig(eps_low=0.1, eps_high=0.1, dual_clip=1.3),
@@ -73,7 +77,9 @@ def test_killed_set_equals_autograd_zero_set(name: str, token_adv: bool) -> None
 
 def test_sequence_ratio_kills_whole_rows() -> None:
     lp, old, adv, mask = _batch(11, token_adv=False)
-    rep = clip_report(CONFIGS["sequence"], logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask)
+    rep = clip_report(
+        CONFIGS["sequence"], logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask
+    )
     rows = rep.killed.any(dim=1)
     assert torch.equal(rep.killed, mask & rows[:, None]) and rep.rows_killed == int(rows.sum()) > 0
 
@@ -107,7 +113,9 @@ def test_surrogates_without_a_gradient_killing_clip_kill_nothing(surrogate: str)
 def test_on_policy_kills_nothing() -> None:
     lp, _, adv, mask = _batch(13, token_adv=False)
     for cfg in CONFIGS.values():
-        rep = clip_report(cfg, logprobs=lp, old_logprobs=lp.clone(), advantages=adv, response_mask=mask)
+        rep = clip_report(
+            cfg, logprobs=lp, old_logprobs=lp.clone(), advantages=adv, response_mask=mask
+        )
         assert rep.frac_killed == rep.frac_outside_range == 0.0
 
 
@@ -136,7 +144,13 @@ def test_low_precision_inputs_equal_float64_of_the_same_values(dtype: torch.dtyp
     lp, old, adv = lp.to(dtype), old.to(dtype), adv.to(dtype)
     for cfg in CONFIGS.values():
         low = clip_report(cfg, logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask)
-        ref = clip_report(cfg, logprobs=lp.double(), old_logprobs=old.double(), advantages=adv.double(), response_mask=mask)
+        ref = clip_report(
+            cfg,
+            logprobs=lp.double(),
+            old_logprobs=old.double(),
+            advantages=adv.double(),
+            response_mask=mask,
+        )
         assert low == ref and torch.equal(low.killed, ref.killed)
 
 
@@ -147,7 +161,7 @@ def test_bad_inputs_are_named() -> None:
         clip_report(ClipConfig(), logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask)  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"advantages must have shape \[B\] = \[24\]"):
         clip_report(cfg, logprobs=lp, old_logprobs=old, advantages=adv[:3], response_mask=mask)
-    with pytest.raises(InputTypeError, match="advantages must be a torch.Tensor"):
+    with pytest.raises(InputTypeError, match=r"advantages must be a torch\.Tensor"):
         clip_report(cfg, logprobs=lp, old_logprobs=old, advantages=[1.0], response_mask=mask)  # type: ignore[arg-type]
     with pytest.raises(InputError, match=r"old_logprobs must have shape"):
         clip_report(cfg, logprobs=lp, old_logprobs=old[:, :3], advantages=adv, response_mask=mask)

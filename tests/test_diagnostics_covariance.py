@@ -21,7 +21,9 @@ def _batch(seed: int, *, gamma: float, b: int = 96, t: int = 20):
     g = torch.Generator().manual_seed(seed)
     mask = torch.arange(t)[None] < torch.randint(2, t + 1, (b, 1), generator=g)
     row_level = torch.randn((b, 1), generator=g, dtype=torch.float64)  # rows differ in confidence
-    lp = -torch.nn.functional.softplus(row_level + torch.randn((b, t), generator=g, dtype=torch.float64))
+    lp = -torch.nn.functional.softplus(
+        row_level + torch.randn((b, t), generator=g, dtype=torch.float64)
+    )
     lengths = mask.sum(dim=1)
     row_mean = torch.where(mask, lp, 0.0).sum(dim=1) / lengths
     adv = gamma * (row_mean - row_mean.mean()) + torch.randn(b, generator=g, dtype=torch.float64)
@@ -32,7 +34,10 @@ def test_null_rejection_rate_is_calibrated() -> None:
     reps, rejected = 400, 0
     for seed in range(reps):
         lp, adv, mask = _batch(seed, gamma=0.0)
-        rejected += abs(logprob_advantage_covariance(logprobs=lp, advantages=adv, response_mask=mask).z) > 1.96
+        rejected += (
+            abs(logprob_advantage_covariance(logprobs=lp, advantages=adv, response_mask=mask).z)
+            > 1.96
+        )
     rate = rejected / reps
     assert abs(rate - 0.05) <= 3 * math.sqrt(0.05 * 0.95 / reps), rate
 
@@ -64,13 +69,17 @@ def test_value_equals_the_population_covariance_of_the_tokens() -> None:
 
 def test_constant_advantages_give_zero_not_nan() -> None:
     lp, adv, mask = _batch(6, gamma=0.0)
-    out = logprob_advantage_covariance(logprobs=lp, advantages=torch.ones_like(adv), response_mask=mask)
+    out = logprob_advantage_covariance(
+        logprobs=lp, advantages=torch.ones_like(adv), response_mask=mask
+    )
     assert out.cov == 0.0 and out.z == 0.0 and out.corr == 0.0
 
 
 def test_bfloat16_inputs_equal_float64_of_the_same_values() -> None:
     lp, adv, mask = _batch(7, gamma=1.0)
-    low = logprob_advantage_covariance(logprobs=lp.bfloat16(), advantages=adv.bfloat16(), response_mask=mask)
+    low = logprob_advantage_covariance(
+        logprobs=lp.bfloat16(), advantages=adv.bfloat16(), response_mask=mask
+    )
     ref = logprob_advantage_covariance(
         logprobs=lp.bfloat16().double(), advantages=adv.bfloat16().double(), response_mask=mask
     )

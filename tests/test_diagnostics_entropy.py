@@ -46,17 +46,23 @@ def test_sampled_estimator_is_biased_off_policy() -> None:
     logits, mask, g = _policy(500, b=64)
     exact = entropy_from_logits(logits=logits, response_mask=mask)
     # tokens sampled from a sharper policy, scored by the trainer's: not the entropy
-    est = entropy_from_logprobs(logprobs=_sample_logprobs(logits, g, 3.0 * logits), response_mask=mask)
+    est = entropy_from_logprobs(
+        logprobs=_sample_logprobs(logits, g, 3.0 * logits), response_mask=mask
+    )
     assert exact.mean - est.mean > 10 * est.stderr
 
 
 def test_exact_entropy_closed_forms() -> None:
     mask = torch.tensor([[True, True, False]])
     uniform = torch.zeros((1, 3, 8), dtype=torch.float64)
-    assert entropy_from_logits(logits=uniform, response_mask=mask).mean == pytest.approx(math.log(8), rel=1e-15)
+    assert entropy_from_logits(logits=uniform, response_mask=mask).mean == pytest.approx(
+        math.log(8), rel=1e-15
+    )
     masked_vocab = uniform.clone()
     masked_vocab[..., 4:] = -math.inf  # four live tokens, the rest masked out
-    assert entropy_from_logits(logits=masked_vocab, response_mask=mask).mean == pytest.approx(math.log(4), rel=1e-15)
+    assert entropy_from_logits(logits=masked_vocab, response_mask=mask).mean == pytest.approx(
+        math.log(4), rel=1e-15
+    )
     one_hot = torch.full((1, 3, 8), -math.inf, dtype=torch.float64)
     one_hot[..., 2] = 0.0
     assert entropy_from_logits(logits=one_hot, response_mask=mask).mean == 0.0

@@ -53,7 +53,9 @@ def test_token_ess_converges_to_exp_minus_sigma_squared(sigma: float) -> None:
     for _ in range(reps):
         lp = -torch.rand((b, t), generator=g, dtype=torch.float64)
         ro = lp - sigma * torch.randn((b, t), generator=g, dtype=torch.float64) + 0.7  # mu cancels
-        values.append(importance_ess(trainer_logprobs=lp, rollout_logprobs=ro, response_mask=mask).token)
+        values.append(
+            importance_ess(trainer_logprobs=lp, rollout_logprobs=ro, response_mask=mask).token
+        )
     mean = sum(values) / reps
     tol = 4.0 * _delta_sd(sigma, b * t) / math.sqrt(reps)
     assert abs(mean - lognormal_ess(sigma)) < tol, (mean, lognormal_ess(sigma), tol)
@@ -83,13 +85,17 @@ def test_log_space_is_stable_and_shift_invariant(shift: float) -> None:
     noise = 0.2 * torch.randn(lp.shape, generator=g, dtype=torch.float64)
     base = importance_ess(trainer_logprobs=lp + noise, rollout_logprobs=lp, response_mask=mask)
     # a common shift of every token log-weight leaves token ESS unchanged ...
-    far = importance_ess(trainer_logprobs=lp + noise + shift, rollout_logprobs=lp, response_mask=mask)
+    far = importance_ess(
+        trainer_logprobs=lp + noise + shift, rollout_logprobs=lp, response_mask=mask
+    )
     assert math.isfinite(far.token) and math.isfinite(far.sequence)
     assert far.token == pytest.approx(base.token, rel=1e-9)
     # ... and a common shift of every row's total (first token) leaves sequence ESS unchanged
     first = torch.zeros_like(lp)
     first[:, 0] = shift
-    row = importance_ess(trainer_logprobs=lp + noise + first, rollout_logprobs=lp, response_mask=mask)
+    row = importance_ess(
+        trainer_logprobs=lp + noise + first, rollout_logprobs=lp, response_mask=mask
+    )
     assert row.sequence == pytest.approx(base.sequence, rel=1e-9)
 
 
@@ -99,7 +105,9 @@ def test_low_precision_inputs_equal_float64_of_the_same_values(dtype: torch.dtyp
     ro = (lp + 0.1).to(dtype)
     tr = lp.to(dtype)
     low = importance_ess(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask)
-    ref = importance_ess(trainer_logprobs=tr.double(), rollout_logprobs=ro.double(), response_mask=mask)
+    ref = importance_ess(
+        trainer_logprobs=tr.double(), rollout_logprobs=ro.double(), response_mask=mask
+    )
     assert low == ref
 
 
@@ -117,13 +125,13 @@ def test_padding_values_are_ignored() -> None:
 
 def test_bad_inputs_are_named() -> None:
     lp, mask = _batch(6)
-    with pytest.raises(InputTypeError, match="trainer_logprobs must be a torch.Tensor"):
+    with pytest.raises(InputTypeError, match=r"trainer_logprobs must be a torch\.Tensor"):
         importance_ess(trainer_logprobs=lp.tolist(), rollout_logprobs=lp, response_mask=mask)  # type: ignore[arg-type]
     with pytest.raises(InputTypeError, match="rollout_logprobs must have a floating-point"):
         importance_ess(trainer_logprobs=lp, rollout_logprobs=lp.long(), response_mask=mask)
     with pytest.raises(InputError, match=r"rollout_logprobs must have shape \[B, T\]"):
         importance_ess(trainer_logprobs=lp, rollout_logprobs=lp[:, :-1], response_mask=mask)
-    with pytest.raises(InputTypeError, match="response_mask must be a torch.bool"):
+    with pytest.raises(InputTypeError, match=r"response_mask must be a torch\.bool"):
         importance_ess(trainer_logprobs=lp, rollout_logprobs=lp, response_mask=mask.int())
     empty = mask.clone()
     empty[2] = False
@@ -131,7 +139,9 @@ def test_bad_inputs_are_named() -> None:
         importance_ess(trainer_logprobs=lp, rollout_logprobs=lp, response_mask=empty)
     bad = lp.clone()
     bad[0, 0] = float("inf")
-    with pytest.raises(InputError, match=r"trainer_logprobs holds inf at response positions \(0, 0\)"):
+    with pytest.raises(
+        InputError, match=r"trainer_logprobs holds inf at response positions \(0, 0\)"
+    ):
         importance_ess(trainer_logprobs=bad, rollout_logprobs=lp, response_mask=mask)
     with pytest.raises(InputTypeError, match="tensors must be on one device"):
         importance_ess(trainer_logprobs=lp, rollout_logprobs=lp.to("meta"), response_mask=mask)

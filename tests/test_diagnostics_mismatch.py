@@ -50,7 +50,11 @@ def test_noise_floor_null_false_alarm_rate_is_within_alpha() -> None:
     for seed in range(reps):
         tr, ro, rs, mask = _scores(seed, rollout_scale=1.0)
         out = logprob_mismatch(
-            trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs, response_mask=mask, alpha=alpha
+            trainer_logprobs=tr,
+            rollout_logprobs=ro,
+            rescored_logprobs=rs,
+            response_mask=mask,
+            alpha=alpha,
         )
         alarms += out.alarm
         assert out.z is not None
@@ -95,7 +99,9 @@ def test_a_zero_mean_hides_tails_that_the_band_fraction_shows() -> None:
     d[:40], d[40:80] = 0.2, -0.2
     mask = torch.ones((10, 100), dtype=torch.bool)
     ro = torch.full((10, 100), -1.0, dtype=torch.float64)
-    out = logprob_mismatch(trainer_logprobs=ro + d.reshape(10, 100), rollout_logprobs=ro, response_mask=mask)
+    out = logprob_mismatch(
+        trainer_logprobs=ro + d.reshape(10, 100), rollout_logprobs=ro, response_mask=mask
+    )
     assert out.k1 == pytest.approx(0.0, abs=1e-15)
     assert out.frac_outside_band == 0.08
 
@@ -106,7 +112,9 @@ def test_catastrophic_tokens_are_listed_worst_first_with_positions() -> None:
     mask[5, :20] = True
     ro[3, 4] = tr[3, 4] - 3.0
     ro[5, 17] = tr[5, 17] + 4.0
-    out = logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs, response_mask=mask)
+    out = logprob_mismatch(
+        trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs, response_mask=mask
+    )
     assert out.n_catastrophic == 2
     (b0, t0, d0), (b1, t1, d1) = out.catastrophic
     assert (b0, t0, b1, t1) == (5, 17, 3, 4)
@@ -118,9 +126,14 @@ def test_catastrophic_tokens_are_listed_worst_first_with_positions() -> None:
 def test_low_precision_inputs_equal_float64_of_the_same_values(dtype: torch.dtype) -> None:
     tr, ro, rs, mask = _scores(8, rollout_scale=2.0, sigma0=0.05)
     tr, ro, rs = tr.to(dtype), ro.to(dtype), rs.to(dtype)
-    low = logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs, response_mask=mask)
+    low = logprob_mismatch(
+        trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs, response_mask=mask
+    )
     ref = logprob_mismatch(
-        trainer_logprobs=tr.double(), rollout_logprobs=ro.double(), rescored_logprobs=rs.double(), response_mask=mask
+        trainer_logprobs=tr.double(),
+        rollout_logprobs=ro.double(),
+        rescored_logprobs=rs.double(),
+        response_mask=mask,
     )
     assert low == ref
     # mixed dtypes (bf16 rollout beside an fp32 trainer) are upcast, not rejected
@@ -133,18 +146,28 @@ def test_bad_inputs_and_options_are_named() -> None:
     with pytest.raises(ConfigError, match="alpha must lie in"):
         logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask, alpha=1.5)
     with pytest.raises(ConfigError, match="band must satisfy"):
-        logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask, band=(1.1, 0.9))
+        logprob_mismatch(
+            trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask, band=(1.1, 0.9)
+        )
     with pytest.raises(ConfigError, match="catastrophic_ratio"):
-        logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask, catastrophic_ratio=0.5)
+        logprob_mismatch(
+            trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask, catastrophic_ratio=0.5
+        )
     with pytest.raises(InputError, match=r"rescored_logprobs must have shape \[B, T\]"):
-        logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs[:1], response_mask=mask)
+        logprob_mismatch(
+            trainer_logprobs=tr, rollout_logprobs=ro, rescored_logprobs=rs[:1], response_mask=mask
+        )
     nan = ro.clone()
     nan[0, 0] = float("nan")
-    with pytest.raises(InputError, match=r"rollout_logprobs holds NaN at response positions \(0, 0\)"):
+    with pytest.raises(
+        InputError, match=r"rollout_logprobs holds NaN at response positions \(0, 0\)"
+    ):
         logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=nan, response_mask=mask)
     far = ro.clone()
     far[0, 0] = -1000.0
     with pytest.raises(NumericalError, match=r"overflows float64 at positions \(0, 0\)"):
         logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=far, response_mask=mask)
     with pytest.raises(InputError, match="selects no token"):
-        logprob_mismatch(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=torch.zeros_like(mask))
+        logprob_mismatch(
+            trainer_logprobs=tr, rollout_logprobs=ro, response_mask=torch.zeros_like(mask)
+        )

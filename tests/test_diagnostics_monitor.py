@@ -81,17 +81,25 @@ def test_threshold_follows_the_union_bound_and_is_split_over_sides() -> None:
 
 def test_standardisation_sides_report_and_metrics() -> None:
     mon = RunMonitor(
-        [MonitoredStatistic("ess", mean=1.0, std=0.01, direction="down"), "cov"], horizon=50, alpha=0.01
+        [MonitoredStatistic("ess", mean=1.0, std=0.01, direction="down"), "cov"],
+        horizon=50,
+        alpha=0.01,
     )
     alarms = ()
     for _ in range(10):
         raised = mon.update({"ess": torch.tensor(0.9, dtype=torch.bfloat16), "cov": 0.0})
         alarms = alarms or raised
-    assert alarms and alarms[0].statistic == "ess" and alarms[0].side == "down" and alarms[0].step == 0
+    assert (
+        alarms and alarms[0].statistic == "ess" and alarms[0].side == "down" and alarms[0].step == 0
+    )
     rep = mon.report()
     assert dict(rep.first_alarm) == {"ess": 0, "cov": None}
     metrics = rep.as_metrics(prefix="run/")
-    assert metrics["run/monitor/ess/alarm"] == 1.0 and rep.steps == 10 and metrics["run/monitor/cov/alarm"] == 0.0
+    assert (
+        metrics["run/monitor/ess/alarm"] == 1.0
+        and rep.steps == 10
+        and metrics["run/monitor/cov/alarm"] == 0.0
+    )
     assert all(isinstance(v, float) for v in metrics.values())
     assert "ess@0" in rep.summary() and "\n" not in rep.summary() and "alarm Alarm(" in rep.report()
 

@@ -49,7 +49,10 @@ def test_a_drop_at_the_middle_is_found_and_located() -> None:
 
 
 def test_direction() -> None:
-    x = torch.cat([torch.zeros(20), -torch.ones(20)]).double() + 0.01 * torch.arange(40).double().sin()
+    x = (
+        torch.cat([torch.zeros(20), -torch.ones(20)]).double()
+        + 0.01 * torch.arange(40).double().sin()
+    )
     assert entropy_trend(x, direction="decrease").alarm
     assert not entropy_trend(x, direction="increase").alarm
     assert entropy_trend(x, direction="both").alarm
