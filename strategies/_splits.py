@@ -220,7 +220,7 @@ def splits(
     *,
     family: str | None = None,
     max_ranks: int = 4,
-    max_micro_batches: int = 4,
+    max_micro_batches: int = 8,
 ) -> st.SearchStrategy[Split]:
     """Splits of a step whose rows have response ``lengths`` (one int per row).
 
@@ -259,13 +259,15 @@ def splits(
         else:
             w = draw(st.integers(1, min(max_ranks, rows)))
             k = draw(st.integers(1, max(1, min(max_micro_batches, rows // w))))
+        cut = draw(st.sampled_from(("even", "uneven", "single")))
+        if cut == "single" and fam != "full-batch" and rows % w == 0:
+            k = max(k, min(rows // w, max_micro_batches))  # one row each where it fits
         order = draw(st.sampled_from(("given", "sorted", "shuffled")))
         idx = list(range(rows))
         if order == "sorted":
             idx.sort(key=lambda i: (lens[i], i))
         elif order == "shuffled":
             idx = list(draw(st.permutations(idx)))
-        cut = draw(st.sampled_from(("even", "uneven", "single")))
         parts = w * k
         if cut == "single" and rows == parts:
             sizes = [1] * parts
