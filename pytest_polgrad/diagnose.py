@@ -28,8 +28,10 @@ import torch
 from polgrad_reference import (
     ALGORITHMS,
     Aggregation,
+    ClipBounds,
     ClipConfig,
     KLEstimator,
+    KLRatioWeight,
     PolgradError,
     PolicyLossConfig,
     RatioKind,
@@ -55,8 +57,6 @@ DUAL_CLIP_C = 3.0
 """The dual-clip constant frameworks apply by default (verl 0.9.1 ``clip_ratio_c``)."""
 _REFINE = 4
 """How many of the best first-pass candidates are refined along KL and IS variants."""
-_FIT = 40
-"""How many of the best token-sum-norm / KL candidates get a fitted budget / coefficient."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +97,21 @@ def describe_config(cfg: PolicyLossConfig) -> str:
     parts.append(f"{cfg.ratio.value} ratio")
     if cfg.surrogate in (SurrogateKind.PG_CLIP, SurrogateKind.CISPO):
         dual = f", dual-clip {clip.dual_clip:g}" if clip.dual_clip else ""
-        lo = "none" if clip.eps_low is None else f"{clip.eps_low:g}"
-        hi = "none" if clip.eps_high is None else f"{clip.eps_high:g}"
-        parts.append(f"{cfg.surrogate.value} eps {lo}/{hi}{dual}")
+        if clip.bounds is ClipBounds.ABSOLUTE:
+            lo = "0" if clip.low is None else f"{clip.low:g}"
+            hi = "inf" if clip.high is None else f"{clip.high:g}"
+            parts.append(f"{cfg.surrogate.value} ratio bounds [{lo}, {hi}] (absolute){dual}")
+        else:
+            lo = "none" if clip.eps_low is None else f"{clip.eps_low:g}"
+            hi = "none" if clip.eps_high is None else f"{clip.eps_high:g}"
+            parts.append(f"{cfg.surrogate.value} eps {lo}/{hi}{dual}")
     else:
         parts.append(cfg.surrogate.value)
     if cfg.kl_in_loss:
         assert cfg.kl is not None
-        parts.append(f"{cfg.kl.estimator.value} KL x {cfg.kl.coef:g} in the loss")
+        weight = cfg.kl.ratio_weight
+        weighted = "" if weight is KLRatioWeight.NONE else f" ({weight.value} ratio-weighted)"
+        parts.append(f"{cfg.kl.estimator.value} KL{weighted} x {cfg.kl.coef:g} in the loss")
     else:
         parts.append("no KL term")
     if cfg.is_correction is not None:
@@ -152,6 +159,7 @@ def _unique(items: Iterable[Any]) -> list[Any]:
 def _clips(target: PolicyLossConfig) -> list[ClipConfig]:
     base = [target.clip] + [spec.loss.clip for spec in ALGORITHMS.values()]
     base += [
+        ClipConfig(0.2, 0.2),
         ClipConfig(0.2, 0.28),
         ClipConfig(0.1, 0.1),
         ClipConfig(0.3, 0.3),
@@ -159,6 +167,15 @@ def _clips(target: PolicyLossConfig) -> list[ClipConfig]:
         ClipConfig(None, 0.28),
     ]
     return _unique([*base, *(_with_dual(c) for c in base)])
+
+
+_CLASSIC_SURROGATES = (
+    SurrogateKind.PG_CLIP,
+    SurrogateKind.PG,
+    SurrogateKind.REINFORCE,
+    SurrogateKind.CISPO,
+)
+_CLASSIC_RATIOS = (RatioKind.TOKEN, RatioKind.SEQUENCE, RatioKind.SEQUENCE_TOKEN)
 
 
 def _usable(cfg: PolicyLossConfig, fut: FunctionUnderTest) -> bool:
@@ -169,11 +186,15 @@ def _usable(cfg: PolicyLossConfig, fut: FunctionUnderTest) -> bool:
 
 
 def _registry_losses(fut: FunctionUnderTest) -> list[PolicyLossConfig]:
+    """Every registry entry's loss (its as-loss KL dropped when the function cannot
+    receive ``ref_logprobs``, its IS correction when it cannot receive rollout ones)."""
     out = []
     for spec in ALGORITHMS.values():
         loss = spec.loss if spec.loss.kl_in_loss else spec.loss.replace(kl=None)
-        if not _usable(loss, fut) and loss.kl_in_loss:
+        if loss.kl_in_loss and not fut.takes_ref:
             loss = loss.replace(kl=None)
+        if not _usable(loss, fut):
+            loss = _replace(loss, is_correction=None) or loss
         if _usable(loss, fut):
             out.append(loss)
     return _unique(out)
@@ -187,35 +208,55 @@ def _replace(cfg: PolicyLossConfig, **changes: Any) -> PolicyLossConfig | None:
     return out
 
 
+def _with_aggregation(cfg: PolicyLossConfig, agg: Aggregation) -> PolicyLossConfig | None:
+    budget = cfg.budget if agg is Aggregation.TOKEN_SUM_NORM else None
+    if agg is Aggregation.TOKEN_SUM_NORM and budget is None:
+        budget = 1  # placeholder, replaced per batch by the padded width
+    return _replace(cfg, aggregation=agg, budget=budget)
+
+
 def _first_pass(target: PolicyLossConfig, fut: FunctionUnderTest) -> Iterator[PolicyLossConfig]:
+    """The classic loss algebra (ratio x PPO-clip/PG/REINFORCE/CISPO x clip x aggregation
+    x KL on/off), then every other surrogate the reference offers and every registry
+    loss, each under every aggregation."""
     kls = [target.kl, None] if target.kl_in_loss else [None]
     for ratio, surr, clip, agg, kl in itertools.product(
-        RatioKind, SurrogateKind, _clips(target), Aggregation, kls
+        _CLASSIC_RATIOS, _CLASSIC_SURROGATES, _clips(target), Aggregation, kls
     ):
         if surr in (SurrogateKind.PG, SurrogateKind.REINFORCE) and clip != target.clip:
             continue  # the clip does not enter these surrogates
         if clip.dual_clip is not None and surr is not SurrogateKind.PG_CLIP:
             continue  # the dual clip bounds the PPO-clip surrogate only
-        budget = target.budget if agg is Aggregation.TOKEN_SUM_NORM else None
-        if agg is Aggregation.TOKEN_SUM_NORM and budget is None:
-            budget = 1  # placeholder, replaced per batch by the padded width
-        cfg = _replace(
-            target, ratio=ratio, surrogate=surr, clip=clip, aggregation=agg, budget=budget, kl=kl
-        )
+        base = _replace(target, ratio=ratio, surrogate=surr, clip=clip, kl=kl)
+        cfg = None if base is None else _with_aggregation(base, agg)
         if cfg is not None:
             yield cfg
-    yield from _registry_losses(fut)
+    others = [_replace(target, surrogate=s) for s in SurrogateKind if s not in _CLASSIC_SURROGATES]
+    for base in [*others, *_registry_losses(fut)]:
+        if base is None:
+            continue
+        for agg in Aggregation:
+            cfg = _with_aggregation(base, agg)
+            if cfg is not None:
+                yield cfg
+        if base.kl_in_loss:
+            yield from filter(None, [_replace(base, kl=None)])
 
 
 def _refinements(cfg: PolicyLossConfig, target: PolicyLossConfig) -> Iterator[PolicyLossConfig]:
-    """KL estimator and rollout-IS variants of one candidate."""
+    """Variants of one candidate: KL estimator x ratio weighting, absolute clip bounds
+    (TRL's CISPO cap), and the rollout IS corrections the registry knows."""
     if target.kl is not None and target.kl_in_loss:
-        for est in KLEstimator:
-            kl = _replace_kl(target, est)
+        for est, weight in itertools.product(KLEstimator, KLRatioWeight):
+            kl = _replace_kl(target, estimator=est, ratio_weight=weight)
             if kl is not None:
                 new = _replace(cfg, kl=kl)
                 if new is not None:
                     yield new
+    if cfg.surrogate is SurrogateKind.CISPO and cfg.clip.bounds is ClipBounds.RELATIVE:
+        absolute = _replace(cfg, clip=ClipConfig(None, cfg.clip.eps_high, bounds="absolute"))
+        if absolute is not None:
+            yield absolute
     if target.is_correction is not None:
         for spec in ALGORITHMS.values():
             corr = spec.loss.is_correction
@@ -228,10 +269,10 @@ def _refinements(cfg: PolicyLossConfig, target: PolicyLossConfig) -> Iterator[Po
             yield none
 
 
-def _replace_kl(target: PolicyLossConfig, estimator: KLEstimator) -> Any:
+def _replace_kl(target: PolicyLossConfig, **changes: Any) -> Any:
     assert target.kl is not None
     try:
-        return target.kl.replace(estimator=estimator)
+        return target.kl.replace(**changes)
     except PolgradError:
         return None
 
@@ -323,19 +364,30 @@ def _score(
     tolerance: Tolerance,
     padded: bool,
 ) -> _Score:
-    score = _Score()
+    """Value errors first (no backward pass); the gradient is scored only for a candidate
+    whose value matches, so ``grad`` stays NaN ("not looked at") otherwise."""
+    score = _Score(grad=math.nan)
+    configs = {
+        name: cfg.replace(budget=batch["response_mask"].shape[1]) if padded else cfg
+        for name, batch in corpus.items()
+    }
     for name, batch in corpus.items():
-        batch_cfg = cfg.replace(budget=batch["response_mask"].shape[1]) if padded else cfg
+        score.value = max(
+            score.value, _value_error(configs[name], batch, observed[name][0], tolerance)
+        )
+        if score.value > 1.0:
+            return score
+    score.grad = 0.0
+    for name, batch in corpus.items():
         loss, grad = observed[name]
-        v, g = _errors(batch_cfg, batch, loss, grad, tolerance)
-        score.value, score.grad = max(score.value, v), max(score.grad, g)
-        if score.value > 1e6 and score.grad > 1e6:
-            break  # hopeless: no need to look at the rest of the corpus
+        score.grad = max(score.grad, _errors(configs[name], batch, loss, grad, tolerance)[1])
     return score
 
 
 def _match(cfg: PolicyLossConfig, score: _Score, padded: bool) -> Match:
-    return Match(cfg, max(score.value, score.grad), padded, score.value, score.grad)
+    grad = math.inf if math.isnan(score.grad) else score.grad
+    worst = score.value if math.isnan(score.grad) else max(score.value, score.grad)
+    return Match(cfg, worst, padded, score.value, grad)
 
 
 def _rank(
@@ -389,7 +441,7 @@ def _ranking(fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolera
     ranked = sorted([*first, *refined], key=lambda m: m.error)
     sums = [m for m in ranked if m.config.aggregation is Aggregation.TOKEN_SUM_NORM]
     kls = [m for m in ranked if m.config.kl_in_loss]
-    best = ranked[:_REFINE] + sums[:_FIT] + kls[:_FIT]
+    best = ranked[:_REFINE] + sums + kls
     fitted = [_fitted(m.config, corpus, observed) for m in best]
     refined += _rank(_unique(fitted), target, corpus, observed, tolerance, seen)
     return sorted([*first, *refined], key=lambda m: (m.error, m.value_error))
@@ -430,6 +482,16 @@ def _errors(
     where = batch["response_mask"] & ~ref.ambiguous
     g = tolerance.tensor(grad, ref.grad, ref.grad_scale, where)[0].error
     return value, g
+
+
+def _value_error(
+    cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor], loss: float, tolerance: Tolerance
+) -> float:
+    try:
+        ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest, grad=False)
+    except PolgradError:
+        return math.inf
+    return tolerance.value(loss, ref.loss, ref.value_scale, ref.n_tokens).error
 
 
 # ----------------------------------------------------------------------- explanation

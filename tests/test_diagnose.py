@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from polgrad_reference import KLEstimator, get_algorithm, policy_loss
+from polgrad_reference import ClipConfig, KLEstimator, KLRatioWeight, get_algorithm, policy_loss
 from pytest_polgrad.diagnose import Explanation, diagnose, explain
 from pytest_polgrad.engine import resolve_config
 from pytest_polgrad.options import parse_marker
@@ -152,3 +152,46 @@ def test_top_zero_returns_the_whole_ranking() -> None:
     assert len(everything) > 100
     assert everything[0].matches
     assert [m.error for m in everything] == sorted(m.error for m in everything)
+
+
+def _variant_found(reference: str, variant: Any, with_ref: bool = False) -> Explanation:
+    found = _explain(_reference_loss(variant, with_ref=with_ref), reference)
+    assert found.best is not None, found.text
+    assert found.best.config == variant or found.best.error <= 1.0
+    return found
+
+
+def test_cispo_truncated_on_both_sides_is_found() -> None:
+    # verl 0.9.1 compute_policy_loss_cispo clamps the IS weight at 1 - eps_low too.
+    variant = get_algorithm("cispo").loss.replace(clip=ClipConfig(0.2, 0.28))
+    found = _variant_found("cispo", variant)
+    assert "cispo eps 0.2/0.28" in found.summary
+
+
+def test_cispo_with_an_absolute_cap_is_found() -> None:
+    # TRL 1.16.0 loss_type="cispo" clamps the weight at epsilon_high itself.
+    variant = get_algorithm("cispo").loss.replace(clip=ClipConfig(None, 2.0, bounds="absolute"))
+    found = _variant_found("cispo", variant)
+    assert "ratio bounds [0, 2] (absolute)" in found.summary
+
+
+@pytest.mark.parametrize(
+    ("estimator", "weight", "words"),
+    [
+        (KLEstimator.K3_PLUS, KLRatioWeight.NONE, "k3+ KL x 0.04"),
+        (KLEstimator.K3, KLRatioWeight.UNDETACHED, "k3 KL (undetached ratio-weighted) x 0.04"),
+    ],
+)
+def test_kl_variants_are_found(estimator: KLEstimator, weight: KLRatioWeight, words: str) -> None:
+    spec = get_algorithm("grpo")
+    assert spec.loss.kl is not None
+    variant = spec.loss.replace(kl=spec.loss.kl.replace(estimator=estimator, ratio_weight=weight))
+    found = _variant_found("grpo", variant, with_ref=True)
+    assert words in found.summary, found.summary
+
+
+def test_straight_through_k3_is_not_confused_with_k3() -> None:
+    # k3+ has k3's value but k2's gradient: a plain k3 function must be told apart.
+    spec = get_algorithm("grpo")
+    found = _explain(_reference_loss(spec.loss, with_ref=True), "grpo")
+    assert "k3 KL x 0.04" in found.summary and "k3+" not in found.summary
