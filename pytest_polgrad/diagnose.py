@@ -254,7 +254,9 @@ def _refinements(cfg: PolicyLossConfig, target: PolicyLossConfig) -> Iterator[Po
                 if new is not None:
                     yield new
     if cfg.surrogate is SurrogateKind.CISPO and cfg.clip.bounds is ClipBounds.RELATIVE:
-        absolute = _replace(cfg, clip=ClipConfig(None, cfg.clip.eps_high, bounds="absolute"))
+        absolute = _replace(
+            cfg, clip=ClipConfig(None, cfg.clip.eps_high, bounds=ClipBounds.ABSOLUTE)
+        )
         if absolute is not None:
             yield absolute
     if target.is_correction is not None:

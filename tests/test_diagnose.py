@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from polgrad_reference import ClipConfig, KLEstimator, KLRatioWeight, get_algorithm, policy_loss
+from polgrad_reference import (
+    ClipBounds,
+    ClipConfig,
+    KLEstimator,
+    KLRatioWeight,
+    get_algorithm,
+    policy_loss,
+)
 from pytest_polgrad.diagnose import Explanation, diagnose, explain
 from pytest_polgrad.engine import resolve_config
 from pytest_polgrad.options import parse_marker
@@ -170,7 +177,9 @@ def test_cispo_truncated_on_both_sides_is_found() -> None:
 
 def test_cispo_with_an_absolute_cap_is_found() -> None:
     # TRL 1.16.0 loss_type="cispo" clamps the weight at epsilon_high itself.
-    variant = get_algorithm("cispo").loss.replace(clip=ClipConfig(None, 2.0, bounds="absolute"))
+    variant = get_algorithm("cispo").loss.replace(
+        clip=ClipConfig(None, 2.0, bounds=ClipBounds.ABSOLUTE)
+    )
     found = _variant_found("cispo", variant)
     assert "ratio bounds [0, 2] (absolute)" in found.summary
 
