@@ -35,7 +35,7 @@ def _failed(report: ConformanceReport) -> dict[str, Any]:
 
 
 def _groups(group_ids: torch.Tensor) -> list[torch.Tensor]:
-    return [group_ids == g for g in group_ids.unique()]
+    return [group_ids == g for g in sorted(set(group_ids.tolist()))]
 
 
 def grpo_loop(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
