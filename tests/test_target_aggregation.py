@@ -145,3 +145,34 @@ def test_golden_data_is_tolerant_of_its_own_rounding() -> None:
     assert set(data.data) == set(kind.corpus(ctx))
     ragged = data.data["ragged"]
     assert float(ragged["loss"]) != 0.0 and ragged["grad"].shape == (4, 10)
+
+
+pytest_plugins = ["pytester"]
+
+MARKED = """
+import pytest
+import torch
+
+
+@pytest.mark.polgrad_conforms("dapo", kind="aggregation")
+def agg_loss(loss_mat, loss_mask):
+    return torch.where(loss_mask, loss_mat, 0.0).sum() / loss_mask.sum()
+
+
+@pytest.mark.polgrad_conforms("dr_grpo", kind="aggregation", budget=64, checks=["padding-columns"])
+def by_padded_width(x, response_mask):
+    return torch.where(response_mask, x, 0.0).sum() / (x.shape[0] * x.shape[1])
+"""
+
+
+def test_marker_generates_aggregation_items_and_goldens(pytester) -> None:
+    pytester.makepyfile(test_agg=MARKED)
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10")
+    pytester.runpytest_subprocess(*args, "--snapshot-update")
+    result = pytester.runpytest_subprocess(*args, "-rA")
+    out = result.stdout.str()
+    for check in (*CHECKS, "golden"):
+        assert f"PASSED test_agg.py::agg_loss[dapo-{check}]" in out, out
+    assert "FAILED test_agg.py::by_padded_width[dr_grpo-padding-columns]" in out
+    assert "dividing by the padded width" in out
+    result.assert_outcomes(passed=len(CHECKS) + 1, failed=1)

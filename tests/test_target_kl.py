@@ -131,3 +131,38 @@ def test_bad_reference_and_overrides_are_marker_errors() -> None:
         kind.resolve(ConformanceOptions("gpro", kind="kl"))
     with pytest.raises(MarkerError, match="clamp must be a positive number"):
         kind.resolve(ConformanceOptions("grpo", kind="kl", overrides={"clamp": -1}))
+
+
+pytest_plugins = ["pytester"]
+
+MARKED = """
+import pytest
+import torch
+
+
+@pytest.mark.polgrad_conforms("grpo", kind="kl", clamp=10)
+def kl_penalty(logprob, ref_logprob):
+    kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    return torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+
+
+@pytest.mark.polgrad_conforms("grpo", kind="kl", checks=["value"])
+def flipped(logprobs, ref_logprobs, response_mask):
+    lr = torch.where(response_mask, logprobs - ref_logprobs, 0.0)
+    return torch.exp(lr) - 1 - lr
+"""
+
+
+def test_marker_generates_kl_items_and_goldens(pytester) -> None:
+    pytester.makepyfile(test_kl=MARKED)
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10")
+    pytester.runpytest_subprocess(*args, "--snapshot-update")
+    result = pytester.runpytest_subprocess(*args, "-rA")
+    out = result.stdout.str()
+    checks = ("value", "gradient", "masked-positions", "padding-values", "inputs-unchanged",
+              "deterministic", "golden")  # fmt: skip
+    for check in checks:
+        assert f"PASSED test_kl.py::kl_penalty[grpo-{check}]" in out, out
+    assert "FAILED test_kl.py::flipped[grpo-value]" in out
+    assert "k3 with the sign of the log-ratio flipped" in out
+    result.assert_outcomes(passed=len(checks), failed=1)

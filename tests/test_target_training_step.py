@@ -229,3 +229,42 @@ def test_accumulation_matches_a_hand_computed_split() -> None:
     expected = torch.tensor([[-0.25, 0, 0], [0.5, 0.5, 0.5]], dtype=torch.float64)
     assert torch.allclose(acc.grad, expected, rtol=0, atol=1e-15)
     assert acc.loss == pytest.approx((-1.0 + 3 * 2.0) / 4, abs=1e-15)
+
+
+pytest_plugins = ["pytester"]
+
+MARKED_STEPS = """
+import pytest
+import torch
+
+
+def _tokens(logprobs, old_logprobs, advantages, response_mask):
+    r = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+    a = advantages[:, None]
+    per = torch.maximum(-a * r, -a * r.clamp(0.8, 1.28))
+    return torch.where(response_mask, per, 0.0)
+
+
+@pytest.mark.polgrad_conforms("dapo", kind="training_step")
+def verl_style(logprobs, old_logprobs, advantages, response_mask, global_tokens, world_size):
+    return _tokens(logprobs, old_logprobs, advantages, response_mask).sum() / global_tokens * world_size
+
+
+@pytest.mark.polgrad_conforms("dapo", kind="training_step", checks=["micro-batches"])
+def mean_of_means(logprobs, old_logprobs, advantages, response_mask, gradient_accumulation_steps):
+    tok = _tokens(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / response_mask.sum() / gradient_accumulation_steps
+"""
+
+
+def test_marker_generates_training_step_items_goldens_and_reports(pytester) -> None:
+    pytester.makepyfile(test_steps=MARKED_STEPS)
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10")
+    pytester.runpytest_subprocess(*args, "--snapshot-update")
+    result = pytester.runpytest_subprocess(*args, "-rA")
+    out = result.stdout.str()
+    for check in (*SPLIT_CHECKS, "masked-positions", "golden"):
+        assert f"PASSED test_steps.py::verl_style[dapo-{check}]" in out, out
+    assert "FAILED test_steps.py::mean_of_means[dapo-micro-batches]" in out
+    assert "mean of micro-batch means" in out
+    result.assert_outcomes(passed=8, failed=1)
