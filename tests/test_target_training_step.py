@@ -247,7 +247,8 @@ def _tokens(logprobs, old_logprobs, advantages, response_mask):
 
 @pytest.mark.polgrad_conforms("dapo", kind="training_step")
 def verl_style(logprobs, old_logprobs, advantages, response_mask, global_tokens, world_size):
-    return _tokens(logprobs, old_logprobs, advantages, response_mask).sum() / global_tokens * world_size
+    tok = _tokens(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / global_tokens * world_size
 
 
 @pytest.mark.polgrad_conforms("dapo", kind="training_step", checks=["micro-batches"])
