@@ -14,18 +14,27 @@ import torch
 from hypothesis import given
 
 from polgrad_reference import (
+    ALGORITHMS,
     ClipConfig,
     ConfigError,
+    CovarianceSelection,
+    DivergenceMask,
+    GammaWeight,
+    InputError,
+    InputTypeError,
     ISCorrection,
     KLConfig,
     KLEstimator,
     KLRatioWeight,
     PolicyLossConfig,
+    QuadraticPenalty,
+    SoftGate,
     categorical_kl,
+    covariance_selection,
     kl_estimate,
     policy_loss,
 )
-from tests.ragged import ragged
+from tests.ragged import build, ragged
 
 F64 = torch.float64
 
@@ -347,3 +356,356 @@ def test_is_correction_validation() -> None:
         ISCorrection(mode="zero")
     with pytest.raises(ConfigError, match=r"level must be one of .*did you mean 'geometric'"):
         ISCorrection(level="geometric_mean")
+
+
+# ------------------------------------------------------------------ new surrogates
+
+
+def _row(lp: list[list[float]], lr: list[list[float]], adv: list[float]) -> dict[str, torch.Tensor]:
+    """Full-mask batch with log pi ``lp`` and log-ratios ``lr = log pi - log pi_old``."""
+    logprobs = torch.tensor(lp, dtype=F64)
+    return {
+        "logprobs": logprobs,
+        "old_logprobs": logprobs - torch.tensor(lr, dtype=F64),
+        "advantages": torch.tensor(adv, dtype=F64),
+        "response_mask": torch.ones(logprobs.shape, dtype=torch.bool),
+    }
+
+
+def _sig(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def test_sapo_hand_values() -> None:
+    # r = 2 with A = +1 (tau_pos = 1) and r = 0.5 with A = -1 (tau_neg = 1.05); token-sum.
+    batch = _row([[-1.0], [-2.0]], [[math.log(2.0)], [math.log(0.5)]], [1.0, -1.0])
+    cfg = PolicyLossConfig(surrogate="sapo", aggregation="token-sum", params=SoftGate())
+    loss, grad = _grad(cfg, batch)
+    s1, s2 = _sig(1.0), _sig(1.05 * -0.5)
+    assert loss == pytest.approx(-4.0 * s1 + (4.0 / 1.05) * s2, rel=1e-14)
+    # d/dlp of -(4/tau) sigmoid(tau (r - 1)) A = -4 sigmoid' * r * A
+    want = [-4.0 * s1 * (1 - s1) * 2.0, 4.0 * s2 * (1 - s2) * 0.5]
+    assert grad[:, 0].tolist() == pytest.approx(want, rel=1e-13)
+
+
+def test_gmpo_hand_values_reach_both_log_space_clips() -> None:
+    # lr = (0.5, -0.1), eps 0.4 in log space. A = +1: min(lr, clamp) = (0.4, -0.1), mean
+    # 0.15: loss -e^0.15, token 0 clipped (no gradient), token 1 gradient -e^0.15 / 2.
+    # A = -1: max(lr, clamp) = (0.5, -0.1), mean 0.2: loss e^0.2, both tokens e^0.2 / 2.
+    cfg = PolicyLossConfig(
+        surrogate="gmpo", clip=ClipConfig(0.4, 0.4), aggregation="seq-mean-token-mean"
+    )
+    for adv, value, grads in (
+        (1.0, -math.exp(0.15), [0.0, -math.exp(0.15) / 2]),
+        (-1.0, math.exp(0.2), [math.exp(0.2) / 2, math.exp(0.2) / 2]),
+    ):
+        loss, grad = _grad(cfg, _row([[-1.0, -2.0]], [[0.5, -0.1]], [adv]))
+        assert loss == pytest.approx(value, rel=1e-14)
+        assert grad[0].tolist() == pytest.approx(grads, rel=1e-14, abs=0.0)
+
+
+def test_gmpo_needs_a_mean_over_sequences() -> None:
+    with pytest.raises(ConfigError, match="needs aggregation='seq-mean-token-mean'"):
+        PolicyLossConfig(surrogate="gmpo", aggregation="token-mean")
+    with pytest.raises(ConfigError, match="defined with ratio='token' only"):
+        PolicyLossConfig(surrogate="gmpo", ratio="sequence", aggregation="seq-mean-token-mean")
+
+
+def _prob_row(p: list[float], p_old: list[float], adv: float) -> dict[str, torch.Tensor]:
+    lp = [[math.log(x) for x in p]]
+    return _row(lp, [[math.log(a) - math.log(b) for a, b in zip(p, p_old, strict=True)]], [adv])
+
+
+def _binary_kl(p: float, q: float) -> float:
+    """KL(Bernoulli(q) || Bernoulli(p)) with q = p_old, as DPPO's gate."""
+    return q * math.log(q / p) + (1 - q) * math.log((1 - q) / (1 - p))
+
+
+@pytest.mark.parametrize(
+    ("kind", "p", "p_old", "adv", "valid"),
+    [
+        # TV: A > 0 keeps p - p_old <= 0.2; A <= 0 keeps p - p_old >= -0.2
+        ("dppo_tv", [0.9, 0.6, 0.021], [0.5, 0.5, 0.001], 1.0, [False, True, True]),
+        ("dppo_tv", [0.2, 0.45, 0.9], [0.5, 0.5, 0.5], -1.0, [False, True, True]),
+        # binary KL: A > 0 keeps D <= 0.2 or p <= p_old; A <= 0 keeps D <= 0.2 or p >= p_old
+        ("dppo_kl", [0.9, 0.55, 0.05], [0.5, 0.5, 0.5], 1.0, [False, True, True]),
+        ("dppo_kl", [0.05, 0.45, 0.9], [0.5, 0.5, 0.5], -1.0, [False, True, True]),
+    ],
+)
+def test_dppo_hand_values_reach_the_gate_and_the_cap(
+    kind: str, p: list[float], p_old: list[float], adv: float, valid: list[bool]
+) -> None:
+    if kind == "dppo_kl":  # the expected gate, computed independently
+        assert [
+            _binary_kl(a, b) <= 0.2 or (a <= b if adv > 0 else a >= b)
+            for a, b in zip(p, p_old, strict=True)
+        ] == valid
+    cfg = PolicyLossConfig(surrogate=kind, aggregation="token-sum", params=DivergenceMask())
+    loss, grad = _grad(cfg, _prob_row(p, p_old, adv))
+    w = [min(a / b, 20.0) if ok else 0.0 for a, b, ok in zip(p, p_old, valid, strict=True)]
+    assert loss == pytest.approx(
+        sum(-wi * adv * math.log(a) for wi, a in zip(w, p, strict=True)), rel=1e-13
+    )
+    assert grad[0].tolist() == pytest.approx([-wi * adv for wi in w], rel=1e-13, abs=0.0)
+    if kind == "dppo_tv" and adv > 0:
+        assert w[2] == 20.0  # r = 21 is truncated at the cap
+
+
+def test_dro_hand_values() -> None:
+    # -(A lp - beta/2 lr^2): lp = -1, lr = 0.3, A = 2, beta = 0.5 -> 2 + 0.0225; grad -2 + 0.15.
+    cfg = PolicyLossConfig(
+        surrogate="dro", aggregation="token-sum", params=QuadraticPenalty(beta=0.5)
+    )
+    loss, grad = _grad(cfg, _row([[-1.0]], [[0.3]], [2.0]))
+    assert loss == pytest.approx(2.0 + 0.25 * 0.09, rel=1e-14)
+    assert grad.item() == pytest.approx(-2.0 + 0.5 * 0.3, rel=1e-14)
+
+
+def _phi(log_w: float, k: float, lam: float) -> float:
+    return math.exp(lam + k * log_w - lam * math.exp(log_w))
+
+
+@pytest.mark.parametrize("adv", [1.0, 0.0, -1.5])
+def test_vespo_hand_values(adv: float) -> None:
+    # one row, lr = (0.2, 0.3): w = e^0.5; (k, lambda) = (2, 3) for A >= 0, (3, 2) else.
+    k, lam = (2.0, 3.0) if adv >= 0 else (3.0, 2.0)
+    phi = _phi(0.5, k, lam)
+    cfg = PolicyLossConfig(surrogate="vespo", aggregation="token-sum", params=GammaWeight())
+    loss, grad = _grad(cfg, _row([[-1.0, -2.0]], [[0.2, 0.3]], [adv]))
+    assert loss == pytest.approx(-phi * adv * -3.0, rel=1e-13, abs=1e-300)
+    assert grad[0].tolist() == pytest.approx([-phi * adv] * 2, rel=1e-13, abs=0.0)
+    assert _phi(0.0, k, lam) == pytest.approx(1.0, rel=1e-15)  # on-policy weight is 1
+
+
+def test_vespo_overflowing_sequence_ratio_gives_zero_weight_not_nan() -> None:
+    cfg = PolicyLossConfig(surrogate="vespo", aggregation="token-sum", params=GammaWeight())
+    loss, grad = _grad(cfg, _row([[-1.0, -2.0]], [[400.0, 400.0]], [1.0]))
+    assert loss == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+
+
+def test_bypass_sequence_weight_is_truncated_and_detached() -> None:
+    # verl bypass_pg_is: w = sg(min(prod r, 2)); row 0 prod e^1 -> 2, row 1 prod e^-0.4.
+    cfg = PolicyLossConfig(
+        ratio="sequence_product",
+        surrogate="cispo",
+        clip=ClipConfig(None, 2.0, bounds="absolute"),
+        aggregation="token-sum",
+    )
+    batch = _row([[-1.0, -2.0], [-0.5, -0.5]], [[0.5, 0.5], [-0.2, -0.2]], [1.0, 1.0])
+    loss, grad = _grad(cfg, batch)
+    w1 = math.exp(-0.4)
+    assert loss == pytest.approx(2.0 * 3.0 + w1 * 1.0, rel=1e-14)
+    want = torch.tensor([[-2.0, -2.0], [-w1, -w1]], dtype=F64)
+    assert torch.allclose(grad, want, rtol=1e-14, atol=0)
+    with pytest.raises(ConfigError, match="sequence_product' is defined with surrogate='cispo'"):
+        PolicyLossConfig(ratio="sequence_product")
+
+
+# ------------------------------------------------------------------ Clip-Cov / KL-Cov
+
+
+def _cov_batch() -> dict[str, torch.Tensor]:
+    # Two rows of three tokens; A = (+2, -2); ratios inside the clip range except (0, 2).
+    lp = [[-0.2, -3.0, -0.1], [-2.5, -0.3, -4.0]]
+    lr = [[0.05, -0.05, 0.5], [0.1, 0.0, -0.1]]
+    return _row(lp, lr, [2.0, -2.0])
+
+
+def _cov(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    adv = batch["advantages"][:, None].expand(2, 3)
+    lp = batch["logprobs"]
+    return (adv - adv.mean()) * (lp - lp.mean())
+
+
+def test_kl_cov_selects_the_top_covariance_tokens_and_adds_the_penalty() -> None:
+    batch = _cov_batch()
+    params = CovarianceSelection(fraction=2 / 6, kl_coef=0.5)  # k = 2 of 6 tokens
+    cfg = PolicyLossConfig(surrogate="kl_cov", aggregation="token-sum", params=params)
+    cov = _cov(batch)
+    top = torch.zeros(6, dtype=torch.bool)
+    top[torch.argsort(cov.flatten(), descending=True)[:2]] = True
+    sel = covariance_selection(cfg, **batch)
+    assert torch.equal(sel, top.view(2, 3))
+    loss, grad = _grad(cfg, batch)
+    r = torch.exp(torch.tensor([[0.05, -0.05, 0.5], [0.1, 0.0, -0.1]], dtype=F64))
+    adv = batch["advantages"][:, None]
+    lr = torch.log(r)
+    want = torch.where(sel, -adv * r + 0.5 * lr.abs(), -adv * r)
+    assert loss == pytest.approx(float(want.sum()), rel=1e-14)
+    want_grad = -adv * r + torch.where(sel, 0.5 * torch.sign(lr), 0.0)
+    assert torch.allclose(grad, want_grad, rtol=1e-14, atol=0)
+
+
+def test_clip_cov_zeroes_the_selected_tokens_value_and_gradient() -> None:
+    batch = _cov_batch()
+    cov = _cov(batch)
+    # the window (low, high) around two of the unclipped tokens' covariances
+    unclipped = torch.ones(2, 3, dtype=torch.bool)
+    unclipped[0, 2] = False  # r = e^0.5 > 1.2 with A > 0: clipped already
+    vals = sorted(float(c) for c in cov[unclipped])
+    low, high = vals[-3] + 1e-9, vals[-1] + 1e-9  # the top two unclipped covariances
+    many = CovarianceSelection(fraction=1.0, low=low, high=high)  # k = 6 >= 2 candidates
+    cfg = PolicyLossConfig(surrogate="clip_cov", aggregation="token-sum", params=many)
+    sel = covariance_selection(cfg, **batch)
+    assert torch.equal(sel, unclipped & (cov > low) & (cov < high)) and int(sel.sum()) == 2
+    loss, grad = _grad(cfg, batch)
+    ppo = PolicyLossConfig(aggregation="token-sum")
+    ppo_out = policy_loss(ppo, **batch)
+    _, ppo_grad = _grad(ppo, batch)
+    assert loss == pytest.approx(float(ppo_out.token_loss[~sel].sum()), rel=1e-14)
+    assert torch.equal(grad, torch.where(sel, 0.0, ppo_grad))
+    # one of two candidates (k = 1): a seeded draw, reproducible, overridable
+    one = PolicyLossConfig(
+        surrogate="clip_cov",
+        aggregation="token-sum",
+        params=CovarianceSelection(fraction=1e-6, low=low, high=high, seed=3),
+    )
+    drawn = covariance_selection(one, **batch)
+    assert int(drawn.sum()) == 1 and bool((drawn & ~sel).sum() == 0)
+    assert torch.equal(drawn, covariance_selection(one, **batch))
+    other = sel & ~drawn
+    explicit = policy_loss(one, **batch, token_selection=other).loss.item()
+    assert explicit == pytest.approx(float(ppo_out.token_loss[~other].sum()), rel=1e-14)
+
+
+def test_token_selection_is_validated() -> None:
+    batch = _cov_batch()
+    with pytest.raises(InputError, match="token_selection applies to surrogates"):
+        policy_loss(
+            PolicyLossConfig(), **batch, token_selection=torch.zeros(2, 3, dtype=torch.bool)
+        )
+    cfg = ALGORITHMS["kl_cov"].loss
+    with pytest.raises(InputTypeError, match=r"token_selection must be a torch\.bool tensor"):
+        policy_loss(cfg, **batch, token_selection=torch.zeros(2, 3))
+    with pytest.raises(InputError, match=r"token_selection must have shape \[B, T\]"):
+        policy_loss(cfg, **batch, token_selection=torch.zeros(2, 2, dtype=torch.bool))
+    with pytest.raises(ConfigError, match="seed must be a non-negative integer"):
+        CovarianceSelection(seed=-1)
+
+
+# ------------------------------------------------------------------ every registry entry
+
+DETACHED = ("bypass_pg", "cispo", "dppo_kl", "dppo_tv", "scalerl_cispo", "vespo")
+
+
+def _coefficient(name: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The detached per-token coefficient ``c`` of ``-c A log pi``, computed here from its
+    formula (not from the library)."""
+    mask = batch["response_mask"]
+    lr = torch.where(mask, batch["logprobs"] - batch["old_logprobs"], 0.0)
+    r = torch.exp(lr)
+    adv = batch["advantages"][:, None].expand_as(lr)
+    if name == "cispo":
+        return r.clamp(max=3.0)
+    if name == "scalerl_cispo":
+        return r.clamp(max=5.0)
+    if name == "bypass_pg":
+        return torch.exp(lr.sum(1, keepdim=True)).clamp(max=2.0).expand_as(lr)
+    if name == "vespo":
+        log_w = lr.sum(1, keepdim=True)
+        k = torch.where(adv >= 0, 2.0, 3.0).to(F64)
+        lam = torch.where(adv >= 0, 3.0, 2.0).to(F64)
+        return torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    p = torch.exp(torch.where(mask, batch["logprobs"], 0.0))
+    q = torch.exp(torch.where(mask, batch["old_logprobs"], 0.0))
+    if name == "dppo_tv":
+        valid = torch.where(adv > 0, p - q <= 0.2, p - q >= -0.2)
+    else:
+        d = q * torch.log(q / p) + (1 - q) * torch.log((1 - q) / (1 - p))
+        valid = torch.where(adv > 0, (d <= 0.2) | (p <= q), (d <= 0.2) | (p >= q))
+    return torch.where(valid, r.clamp(max=20.0), 0.0)
+
+
+@pytest.mark.parametrize("name", DETACHED)
+@pytest.mark.parametrize(("seed", "gap"), [(0, 1.0), (1, 1.0), (2, 2.5)])
+def test_detached_weight_losses_match_their_coefficients(name: str, seed: int, gap: float) -> None:
+    """Value ``sum w (-c A log pi)`` and gradient ``-w c A`` with ``c`` frozen: the
+    stop-gradient is where the docstring says, and the coefficient is the formula. The
+    last batch reaches every formula's truncated / gated branch (asserted)."""
+    keep = ("logprobs", "old_logprobs", "advantages", "response_mask")
+    batch = {k: t for k, t in build([1, 3, 5], seed=seed, width=6, gap=gap).items() if k in keep}
+    cfg = ALGORITHMS[name].loss
+    out = policy_loss(cfg, **batch)
+    c = _coefficient(name, batch)
+    mask = batch["response_mask"]
+    adv = batch["advantages"][:, None]
+    lp0 = torch.where(mask, batch["logprobs"], 0.0)
+    per_token = torch.where(mask, -c * adv * lp0, 0.0)
+    assert out.loss.item() == pytest.approx(float((per_token * out.weights).sum()), rel=1e-12)
+    _, grad = _grad(cfg, batch)
+    want = torch.where(mask, -c * adv * out.weights, 0.0)
+    assert torch.allclose(grad, want, rtol=1e-12, atol=1e-15)
+    if gap > 2.0:
+        lr = torch.where(mask, batch["logprobs"] - batch["old_logprobs"], 0.0)
+        assert bool(((c - torch.exp(lr)).abs() > 1e-9)[mask].any())
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@given(batch=ragged())
+def test_every_entry_ignores_padding_and_is_finite(
+    name: str, batch: dict[str, torch.Tensor]
+) -> None:
+    cfg = ALGORITHMS[name].loss
+    lp = batch["logprobs"].clone().requires_grad_()
+    out = policy_loss(cfg, **{**batch, "logprobs": lp})
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    mask = batch["response_mask"]
+    assert bool(torch.isfinite(out.loss)) and bool(torch.isfinite(grad).all())
+    assert bool((grad[~mask] == 0).all())
+    other = {
+        k: (torch.where(mask, t, 7.0) if t.dim() == 2 and t.is_floating_point() else t)
+        for k, t in batch.items()
+    }
+    assert torch.equal(policy_loss(cfg, **other).loss, out.loss.detach())
+
+
+ON_POLICY_AS_REINFORCE = sorted(set(ALGORITHMS) - {"clip_cov"})
+
+
+@pytest.mark.parametrize("name", ON_POLICY_AS_REINFORCE)
+def test_on_policy_gradient_is_the_policy_gradient(name: str) -> None:
+    """At ``old = logprobs`` (and ``rollout = old``) each entry's policy gradient is
+    REINFORCE's with the same aggregation: every gate, clip and weight is 1 there. Clip-Cov
+    is the exception: it removes the selected tokens."""
+    batch = build([1, 3, 5], seed=7, width=6, gap=0.3)
+    mask = batch["response_mask"]
+    lp = torch.where(mask, batch["logprobs"], -1.0)
+    batch = {**batch, "logprobs": lp, "old_logprobs": lp.clone(), "rollout_logprobs": lp.clone()}
+    cfg = ALGORITHMS[name].loss.replace(kl=None)
+    reinforce = PolicyLossConfig(
+        surrogate="reinforce", aggregation=cfg.aggregation, budget=cfg.budget
+    )
+    _, g = _grad(cfg, batch)
+    _, want = _grad(reinforce, batch)
+    assert torch.allclose(g, want, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_low_precision_inputs_agree_with_float64_of_the_same_values(
+    name: str, dtype: torch.dtype
+) -> None:
+    """Computing in float32 (or from bfloat16 inputs) gives the float64 answer for the very
+    same (rounded) input values, within the dtype's rounding of the loss's magnitude."""
+    batch = build([2, 4, 7], seed=11, width=8, gap=0.3)
+    low = {k: (t.to(dtype) if t.is_floating_point() else t) for k, t in batch.items()}
+    exact = {k: (t.to(F64) if t.is_floating_point() else t) for k, t in low.items()}
+    cfg = ALGORITHMS[name].loss
+    got, g_low = _grad(cfg, low)
+    want, g = _grad(cfg, exact)
+    eps = torch.finfo(dtype).eps
+    scale = (
+        float(
+            policy_loss(
+                cfg.replace(aggregation="token-sum", budget=None)
+                if cfg.surrogate.value != "gmpo"
+                else cfg,
+                **exact,
+            )
+            .token_loss.abs()
+            .max()
+        )
+        + 1.0
+    )
+    assert abs(got - want) <= 64 * eps * scale
+    assert torch.allclose(g_low.to(F64), g, rtol=64 * eps, atol=64 * eps * float(g.abs().max()))
