@@ -15,6 +15,7 @@ Torch only; every detector computes in float64 on its inputs' device.
 
 from __future__ import annotations
 
+from ._common import DiagnosticResult
 from .clip import ClipReport, clip_report
 from .covariance import LogprobAdvantageCovariance, logprob_advantage_covariance
 from .entropy import EntropyEstimate, entropy_from_logits, entropy_from_logprobs
@@ -35,6 +36,7 @@ __all__ = [
     "Alarm",
     "ChangepointTest",
     "ClipReport",
+    "DiagnosticResult",
     "EntropyEstimate",
     "ImportanceESS",
     "LengthBias",
