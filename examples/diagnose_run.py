@@ -216,9 +216,9 @@ def verdicts(result: RunResult) -> list[tuple[str, int, int | None, bool]]:
         ok = first is not None and inject <= first <= inject + WINDOW
         rows.append((f"monitor: {MONITORED[name]}", inject, first, ok))
     cp = result.entropy_full
-    located = inject = INJECT["entropy"]
+    inject = INJECT["entropy"]
     ok = cp.alarm and not result.entropy_before.alarm
-    ok = ok and located <= cp.changepoint <= inject + 2 * WINDOW
+    ok = ok and inject <= cp.changepoint <= inject + 2 * WINDOW
     rows.append(("changepoint: entropy", inject, cp.changepoint if cp.alarm else None, ok))
     return rows
 
