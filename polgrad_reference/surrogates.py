@@ -109,12 +109,12 @@ def _vespo(
     ``_pos`` pair where ``A >= 0``, else the ``_neg`` pair. Computed in log space; an
     overflowing ``w`` gives ``phi = 0``. TRL clamps ``log w`` to ``[log 1e-8, 20]``; the
     reference does not."""
-    with torch.no_grad():  # phi is a detached gradient scale (TRL computes it under no_grad)
-        log_w = log_ratio.sum(dim=1, keepdim=True)
-        pos = advantages >= 0
-        k = torch.full_like(advantages, gamma.k_neg).masked_fill_(pos, gamma.k_pos)
-        lam = torch.full_like(advantages, gamma.lambda_neg).masked_fill_(pos, gamma.lambda_pos)
-        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    # phi is a detached gradient scale (TRL computes it under no_grad): sg(log w) below.
+    log_w = log_ratio.sum(dim=1, keepdim=True).detach()
+    pos = advantages >= 0
+    k = torch.full_like(advantages, gamma.k_neg).masked_fill_(pos, gamma.k_pos)
+    lam = torch.full_like(advantages, gamma.lambda_neg).masked_fill_(pos, gamma.lambda_pos)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
     return -(phi * advantages) * logprobs
 
 
