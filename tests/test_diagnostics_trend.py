@@ -1,8 +1,9 @@
 """Permutation changepoint test (docs/diagnostics.md, "Changepoint").
 
-Exact level: under an exchangeable series P(p <= alpha) = floor(alpha (M + 1)) / (M + 1);
-the Monte Carlo rejection rate over R null series is within that level +- 3 binomial
-standard errors, for Gaussian and heavy-tailed (Cauchy) steps alike. Power: a drop of one
+Level: under an exchangeable series P(p <= alpha) <= floor(alpha (M + 1)) / (M + 1), with
+equality up to ties; the Monte Carlo rejection rate over R null series is within that
+level +- 3 binomial standard errors (valid, and not a dead alarm), for Gaussian and
+heavy-tailed (Cauchy) steps alike. Power: a drop of one
 standard deviation at the middle of a 100-step series.
 """
 

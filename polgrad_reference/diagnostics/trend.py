@@ -9,11 +9,12 @@ drop of the mean at a split,
 ``k`` estimates the changepoint (the first index after the change is ``k``). Null: the
 series is exchangeable (e.g. i.i.d. steps, no trend). With ``M`` uniformly random
 permutations ``pi_j`` and ``p = (1 + #{j : T(pi_j x) >= T(x)}) / (M + 1)``, the observed
-series is exchangeable with the permuted ones under the null, so ``P(p <= alpha) =
-floor(alpha (M + 1)) / (M + 1) <= alpha`` exactly, for every ``n`` and ``M`` (ties only make
-it smaller) — a Monte Carlo permutation test (Phipson & Smyth 2010, Stat. Appl. Genet.
-Mol. Biol. 9(1), "Permutation p-values should never be zero"). The default ``M = 199``
-makes the level exactly ``0.05``. Calibrated in ``tests/test_diagnostics_trend.py``.
+series is exchangeable with the permuted ones under the null, so ``P(p <= alpha) <=
+floor(alpha (M + 1)) / (M + 1) <= alpha`` for every ``n`` and ``M``, with equality when no
+permuted statistic ties the observed one (ties count against the alarm; they occur when
+the maximum sits at an edge split) — a Monte Carlo permutation test (Phipson & Smyth
+2010, Stat. Appl. Genet. Mol. Biol. 9(1), "Permutation p-values should never be zero").
+The default ``M = 199`` makes the level ``0.05``. Calibrated in ``tests/test_diagnostics_trend.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class ChangepointTest(DiagnosticResult):
     p_value: float
     alpha: float
     level: float
-    """The exact size ``floor(alpha (M + 1)) / (M + 1)`` of the test."""
+    """The size ``floor(alpha (M + 1)) / (M + 1)`` of the test (exact without ties, an upper
+    bound with them)."""
     alarm: bool
     changepoint: int
     """Index of the first value after the estimated change."""
@@ -68,7 +70,7 @@ class ChangepointTest(DiagnosticResult):
     def summary(self) -> str:
         verdict = "ALARM" if self.alarm else "ok"
         return (
-            f"changepoint ({self.direction}) {verdict}: p={self.p_value:.3g} (exact level "
+            f"changepoint ({self.direction}) {verdict}: p={self.p_value:.3g} (level "
             f"{self.level:.3g}), split at {self.changepoint}: mean {self.mean_before:.4g} -> "
             f"{self.mean_after:.4g} over n={self.n}"
         )
