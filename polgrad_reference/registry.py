@@ -656,6 +656,11 @@ def _fmt(value: object) -> str:
     return value.value if hasattr(value, "value") else repr(value)
 
 
+_READS_CLIP = frozenset(
+    {SurrogateKind.PG_CLIP, SurrogateKind.CISPO, SurrogateKind.GMPO, SurrogateKind.CLIP_COV}
+)
+
+
 def describe_algorithm(name: str) -> str:
     """A readable card: every loss and advantage setting, the sources, the open knobs."""
     spec = get_algorithm(name)
@@ -665,23 +670,34 @@ def describe_algorithm(name: str) -> str:
         f"  ratio          {_fmt(loss.ratio)}",
         f"  surrogate      {_fmt(loss.surrogate)}",
         f"  clip           eps_low={clip.eps_low} eps_high={clip.eps_high} "
-        f"dual_clip={clip.dual_clip}",
+        f"dual_clip={clip.dual_clip} bounds={_fmt(clip.bounds)}"
+        + ("" if loss.surrogate in _READS_CLIP else " (not read by this surrogate)"),
         f"  aggregation    {_fmt(loss.aggregation)}"
         + (f" (budget {loss.budget})" if loss.budget is not None else ""),
     ]
+    if loss.params is not None:
+        fields = ", ".join(
+            f"{f.name}={getattr(loss.params, f.name)!r}" for f in dataclasses.fields(loss.params)
+        )
+        lines.append(f"  params         {type(loss.params).__name__}({fields})")
     if loss.kl is None:
         lines.append("  kl             none")
     else:
         kl = loss.kl
+        weight = (
+            "" if kl.ratio_weight.value == "none" else f", ratio weight {_fmt(kl.ratio_weight)}"
+        )
+        cap = "" if kl.ratio_cap is None else f" (cap {kl.ratio_cap})"
         lines.append(
             f"  kl             {_fmt(kl.estimator)} in the {_fmt(kl.placement)}, coef {kl.coef}"
+            f"{weight}{cap}"
         )
     corr = loss.is_correction
     lines.append(
         "  rollout IS     none"
         if corr is None
         else f"  rollout IS     {_fmt(corr.level)}-level {_fmt(corr.mode)} "
-        f"(cap={corr.cap}, low={corr.low}, high={corr.high})"
+        f"(cap={corr.cap}, low={corr.low}, high={corr.high}, weight={_fmt(corr.weight)})"
     )
     adv = spec.advantage
     lines.append(

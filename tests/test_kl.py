@@ -514,3 +514,12 @@ def test_overflow_raises_instead_of_returning_inf(est: str, dtype: torch.dtype, 
 def test_categorical_kl_bad_arguments(p: Any, q: Any, error: type, words: str) -> None:
     with pytest.raises(error, match=words):
         categorical_kl(p_logits=p, q_logits=q)
+
+
+def test_float64_overflow_message_does_not_advise_float64() -> None:
+    lp = torch.tensor([[-1.0, -1.0]], dtype=F64)
+    ref = torch.tensor([[-1.0, 799.0]], dtype=F64)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(NumericalError) as info:
+        kl_estimate("k3", logprobs=lp, ref_logprobs=ref, response_mask=mask)
+    assert "compute in float64" not in str(info.value) and "709.78" in str(info.value)

@@ -206,3 +206,41 @@ def test_kl_overflow_is_reported() -> None:
     ref[1, 1] = 800.0  # exp(800 - logprobs) overflows float64
     with pytest.raises(NumericalError, match=r"KL estimate overflows .* positions \(1, 1\)"):
         policy_loss(ALGORITHMS["grpo"].loss, **{**b, "ref_logprobs": ref})
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ratio_overflow_advice_follows_the_dtype(dtype: torch.dtype) -> None:
+    """In float64 there is no wider dtype to advise: the message says what overflowed,
+    where, and that the log-ratio is impossible for log-probabilities of the same tokens.
+    In float32 computing in float64 is a fix worth naming."""
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    lp = torch.tensor([[-0.5, -1.0]], dtype=dtype)
+    gap = 800.0 if dtype == torch.float64 else 100.0
+    old = torch.tensor([[-0.5, -1.0 - gap]], dtype=dtype)
+    adv = torch.tensor([-1.0], dtype=dtype)
+    with pytest.raises(NumericalError) as info:
+        policy_loss(CFG, logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask)
+    message = str(info.value)
+    assert f"overflows {dtype} at positions (0, 1)" in message
+    assert "largest log-ratio" in message and "old_logprobs" in message
+    if dtype == torch.float64:
+        assert "compute in float64" not in message and "709.78" in message
+    else:
+        assert "compute in float64" in message
+
+
+def test_float64_kl_overflow_does_not_advise_float64() -> None:
+    b = batch(ref_logprobs=torch.zeros(2, 4, dtype=torch.float64))
+    ref = b["ref_logprobs"].clone()
+    ref[1, 1] = 800.0
+    with pytest.raises(NumericalError) as info:
+        policy_loss(ALGORITHMS["grpo"].loss, **{**b, "ref_logprobs": ref})
+    assert "compute in float64" not in str(info.value) and "709.78" in str(info.value)
+
+
+def test_derive_rejects_a_misspelt_aggregation_with_the_allowed_values() -> None:
+    with pytest.raises(ConfigError) as info:
+        ALGORITHMS["dapo"].derive(aggregation="token_mean")
+    message = str(info.value)
+    assert "aggregation must be one of 'token-mean', 'seq-mean-token-mean'" in message
+    assert message.endswith("got 'token_mean'; did you mean 'token-mean'?")
