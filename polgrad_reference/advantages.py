@@ -117,7 +117,7 @@ class Whitening:
 
     unbiased: bool = True
     eps: float = WHITEN_EPS
-    eps_mode: WhitenEps = WhitenEps.ADD
+    eps_mode: WhitenEps | str = WhitenEps.ADD
     count_eps: float = 0.0
     shift_mean: bool = True
 

@@ -16,11 +16,15 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from polgrad_reference.advantages import (
+    OPENRLHF_WHITENING,
+    VERL_WHITENING,
     WHITEN_EPS,
+    Whitening,
     compute_advantages,
     discounted_returns,
     gae,
     grpo_advantages,
+    opo_advantages,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
@@ -688,3 +692,217 @@ def test_gae_bad_input(case: str) -> None:
 def test_other_token_level_bad_input(call: Any, error: type, words: str) -> None:
     with pytest.raises(error, match=words):
         call(_gae_args())
+
+
+# ----------------------------------------------------------------------- OPO, singleton policies
+
+
+def test_opo_hand_golden_and_singletons() -> None:
+    """docs/advantages.md "OPO": rewards (1, 0 | 1, 1 | 2) with lengths (1, 3 | 2, 1 | 2):
+    baseline (1*1 + 3*0)/4 = 1/4 -> (3/4, -1/4); a constant group -> 0; the lone row 0
+    ('zero') or 2 ('raw')."""
+    rewards = _t([1.0, 0.0, 1.0, 1.0, 2.0])
+    mask = torch.arange(3)[None, :] < torch.tensor([[1], [3], [2], [1], [2]])
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    zero = opo_advantages(rewards=rewards, response_mask=mask, group_ids=ids)
+    raw = opo_advantages(rewards=rewards, response_mask=mask, group_ids=ids, singleton="raw")
+    assert zero.tolist() == [0.75, -0.25, 0.0, 0.0, 0.0]
+    assert raw.tolist() == [0.75, -0.25, 0.0, 0.0, 2.0]
+    same = torch.ones_like(mask)  # equal lengths: OPO is the plain centred reward
+    assert torch.equal(
+        opo_advantages(rewards=rewards, response_mask=same, group_ids=ids),
+        grpo_advantages(rewards=rewards, group_ids=ids, scale_by_std=False),
+    )
+
+
+def test_singleton_raw_policy_keeps_the_reward() -> None:
+    """verl 0.9.1 gives a lone sample mean 0 and std 1: GRPO ``r / (1 + eps)`` (``r``
+    unscaled), RLOO ``r``, REINFORCE++-baseline whitens the raw reward."""
+    rewards, ids = _t([1.0, 3.0, 7.0]), torch.tensor([5, 5, 9])
+    grpo = grpo_advantages(rewards=rewards, group_ids=ids, singleton="raw", std_eps=0.5)
+    assert float(grpo[2]) == 7.0 / 1.5
+    plain = grpo_advantages(rewards=rewards, group_ids=ids, singleton="raw", scale_by_std=False)
+    assert plain.tolist() == [-1.0, 1.0, 7.0]
+    assert rloo_advantages(rewards=rewards, group_ids=ids, singleton="raw").tolist() == [
+        -2.0,
+        2.0,
+        7.0,
+    ]
+    mask = torch.ones(3, 1, dtype=torch.bool)
+    base = reinforce_pp_baseline_advantages(
+        rewards=rewards, response_mask=mask, group_ids=ids, singleton="raw"
+    )
+    assert torch.allclose(base[:, 0], _whiten_python(_t([[-1.0], [1.0], [7.0]]), mask)[:, 0])
+
+
+def test_grpo_eps_inside_the_square_root() -> None:
+    """Rewards (0, 2), eps 1/2: ``+-1 / sqrt(2 + 1/2) = +-0.6324555320336759``."""
+    out = grpo_advantages(rewards=_t([0.0, 2.0]), group_size=2, std_eps=0.5, eps_in_sqrt=True)
+    assert torch.allclose(out, _t([-0.6324555320336759, 0.6324555320336759]), rtol=1e-15)
+
+
+# ----------------------------------------------------------------------- GAE with dones
+
+
+def test_gae_dones_hand_golden() -> None:
+    """docs/advantages.md "Episode ends": gamma = lam = 1/2, r = (0, 1, 0, 2),
+    V = (1/2, 1/4, 1/2, 1/4), done after t = 1 -> A = (-3/16, 3/4, 1/16, 7/4)."""
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    dones = torch.tensor([[False, True, False, False]])
+    adv, ret = gae(
+        token_rewards=_t([[0.0, 1.0, 0.0, 2.0]]),
+        values=_t([[0.5, 0.25, 0.5, 0.25]]),
+        response_mask=mask,
+        gamma=0.5,
+        lam=0.5,
+        dones=dones,
+    )
+    assert adv.tolist() == [[-0.1875, 0.75, 0.0625, 1.75]]
+    assert ret.tolist() == [[0.3125, 1.0, 0.5625, 2.0]]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gae_dones_split_rows_into_independent_episodes(seed: int) -> None:
+    """A done after token t makes ``A[:t+1]`` the GAE of the prefix alone (bootstrap 0)
+    and ``A[t+1:]`` the GAE of the suffix alone."""
+    b = _ragged([6, 6], seed, pad=0)
+    cut = 2
+    dones = torch.zeros(2, 6, dtype=torch.bool)
+    dones[:, cut] = True
+    full, _ = gae(
+        token_rewards=b["token_rewards"],
+        values=b["values"],
+        response_mask=b["response_mask"],
+        gamma=0.9,
+        lam=0.8,
+        dones=dones,
+    )
+    for part in (slice(0, cut + 1), slice(cut + 1, 6)):
+        alone, _ = gae(
+            token_rewards=b["token_rewards"][:, part].contiguous(),
+            values=b["values"][:, part].contiguous(),
+            response_mask=b["response_mask"][:, part].contiguous(),
+            gamma=0.9,
+            lam=0.8,
+        )
+        assert torch.allclose(full[:, part], alone, rtol=1e-14, atol=1e-15)
+
+
+def test_gae_dones_bad_input() -> None:
+    b = _ragged([2, 1], 0)
+    args = {k: b[k] for k in ("token_rewards", "values", "response_mask")}
+    with pytest.raises(InputTypeError, match=r"dones must be a torch\.bool tensor"):
+        gae(**args, gamma=1.0, lam=1.0, dones=torch.zeros(2, 3))
+    with pytest.raises(InputError, match=r"dones must have shape \[B, T\] like response_mask"):
+        gae(**args, gamma=1.0, lam=1.0, dones=torch.zeros(2, 2, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------- whitening conventions
+
+
+def test_whitening_conventions_verl_and_openrlhf() -> None:
+    """verl 0.9.1 ``masked_whiten``: counts ``N + 1e-8``, Bessel ``N / (N - 1)``,
+    ``rsqrt(var + 1e-8)``; OpenRLHF 0.11.2: population variance, ``rsqrt(max(var, 1e-8))``."""
+    x = _t([[1.0, 2.0, 3.0], [4.0, NAN, NAN]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    vals = [1.0, 2.0, 3.0, 4.0]
+    n = 4.0
+    mean = math.fsum(vals) / (n + 1e-8)
+    var = math.fsum((v - mean) ** 2 for v in vals) / (n + 1e-8) * n / (n - 1)
+    want = [(v - mean) / math.sqrt(var + 1e-8) for v in vals]
+    got = whiten(x, response_mask=mask, convention=VERL_WHITENING)[mask].tolist()
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 4e-16
+    pop = whiten(x, response_mask=mask, convention=OPENRLHF_WHITENING)[mask]
+    assert torch.allclose(pop, (_t(vals) - 2.5) / math.sqrt(1.25), rtol=1e-15)
+    flat = whiten(
+        _t([[3.0, 3.0]]),
+        response_mask=torch.ones(1, 2, dtype=torch.bool),
+        convention=OPENRLHF_WHITENING,
+    )
+    assert flat.tolist() == [[0.0, 0.0]]
+    assert OPENRLHF_WHITENING.describe() == "population variance, rsqrt(max(var, 1e-08))"
+    with pytest.raises(ConfigError, match="eps_mode must be one of 'add', 'clamp'"):
+        Whitening(eps_mode="sqrt")
+
+
+# ----------------------------------------------------------------------- non-finite (issue 15)
+
+
+def test_power_of_two_rescaling_is_exact() -> None:
+    """Statistics are taken of ``r / 2^k``: multiplying the rewards by ``2^40`` gives the
+    same GRPO advantages bitwise (``std_eps = 0``), and the same whitened values."""
+    g = torch.Generator().manual_seed(5)
+    r = torch.randn(12, generator=g, dtype=F64)
+    assert torch.equal(
+        grpo_advantages(rewards=r, group_size=4, std_eps=0.0),
+        grpo_advantages(rewards=r * 2.0**40, group_size=4, std_eps=0.0),
+    )
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    x = r.reshape(3, 4)
+    assert torch.equal(
+        whiten(x, response_mask=mask, eps=0.0), whiten(x * 2.0**600, response_mask=mask, eps=0.0)
+    )
+
+
+def _f16(values: list[float]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float16)
+
+
+SQRT3_2 = math.sqrt(3.0) / 2.0  # GRPO of (a, -a, a, -a): +-sqrt(3)/2
+
+
+def test_large_rewards_give_their_true_advantages() -> None:
+    """issue 15: float16 rewards +-300 and float64 +-1e200 gave all zeros; whitening of
+    +-1e200 gave zeros."""
+    half = grpo_advantages(rewards=_f16([300.0, -300.0, 300.0, -300.0]), group_size=4)
+    want = _t([SQRT3_2, -SQRT3_2, SQRT3_2, -SQRT3_2])
+    assert torch.allclose(half.double(), want, rtol=4 * 2.0**-11, atol=0)  # float16 rounding
+    big = grpo_advantages(rewards=_t([1e200, -1e200, 1e200, -1e200]), group_size=4)
+    assert torch.allclose(big, want, rtol=1e-15)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    white = whiten(_t([[1e200, -1e200, 1e200, -1e200]]), response_mask=mask)
+    assert torch.allclose(white, want[None, :], rtol=1e-15)
+    fits = rloo_advantages(rewards=_f16([3e4, -3e4]), group_size=2)  # 2 r = +-6e4 fits
+    assert fits.tolist() == _f16([6e4, -6e4]).tolist()
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (
+            lambda: rloo_advantages(rewards=_f16([6e4, -6e4]), group_size=2),
+            r"rloo advantages overflow torch.float16 \(largest finite 65504\) at positions "
+            r"\(0\), \(1\)",
+        ),
+        (
+            lambda: discounted_returns(
+                token_rewards=_t([[1e308, 1e308]]),
+                response_mask=torch.ones(1, 2, dtype=torch.bool),
+                gamma=1.0,
+            ),
+            r"discounted returns overflow torch.float64 .* at positions \(0, 0\)",
+        ),
+        (
+            lambda: gae(
+                token_rewards=_t([[1e308, 1e308]]),
+                values=_t([[0.0, 0.0]]),
+                response_mask=torch.ones(1, 2, dtype=torch.bool),
+                gamma=1.0,
+                lam=1.0,
+            ),
+            r"gae advantages overflow torch.float64",
+        ),
+        (
+            lambda: reinforce_pp_advantages(
+                rewards=_t([1e308, 1e308]),
+                token_rewards=_t([[1e308, 0.0], [0.0, 0.0]]),
+                response_mask=torch.ones(2, 2, dtype=torch.bool),
+            ),
+            r"discounted returns overflow",
+        ),
+    ],
+    ids=["rloo-f16", "returns-1e308", "gae-1e308", "reinforce-pp-1e308"],
+)
+def test_unrepresentable_results_raise_a_named_error(call: Any, words: str) -> None:
+    with pytest.raises(NumericalError, match=words):
+        call()
