@@ -1,5 +1,10 @@
-"""Calling the function under test: signature-driven keyword tensors, layout conversion at
-the edge, return-value extraction, and clear verdicts when the function misbehaves."""
+"""Calling the function under test: signature-driven keyword tensors (with the common
+spellings of the frameworks accepted as aliases), layout and device conversion at the
+edge, return-value extraction, and clear verdicts when the function misbehaves.
+
+:func:`guarded_call` is the one place a user function is called: its exception, or a
+``sys.exit()`` inside it, becomes a :class:`Verdict`; ``KeyboardInterrupt`` propagates.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,20 @@ from typing import Any
 
 import torch
 
-from .options import ConformanceOptions
+from .options import ConformanceOptions, MarkerError
 from .strategies import left_to_right, pack, right_to_left, row_extents, unpack
 
-__all__ = ["INPUT_NAMES", "Evaluation", "FunctionUnderTest", "Verdict"]
+__all__ = [
+    "ALIASES",
+    "INPUT_NAMES",
+    "DeviceUnavailable",
+    "Evaluation",
+    "FunctionUnderTest",
+    "SignatureError",
+    "Verdict",
+    "guarded_call",
+    "resolve_parameters",
+]
 
 INPUT_NAMES = (
     "logprobs",
@@ -27,9 +42,113 @@ INPUT_NAMES = (
 )
 
 
+ALIASES: dict[str, tuple[str, ...]] = {
+    "logprobs": (
+        "log_probs",
+        "log_prob",
+        "logp",
+        "new_logprobs",
+        "new_log_probs",
+        "per_token_logps",
+    ),
+    "old_logprobs": ("old_log_probs", "old_log_prob", "old_logp", "old_per_token_logps"),
+    "advantages": ("advantage",),
+    "response_mask": ("action_mask", "completion_mask", "loss_mask", "mask"),
+    "ref_logprobs": ("ref_log_probs", "ref_log_prob", "ref_per_token_logps"),
+    "rollout_logprobs": ("rollout_log_probs", "rollout_log_prob"),
+    "cu_seqlens": ("cu_seq_lens",),
+}
+"""Accepted spellings of each input, after its canonical name: verl (``log_prob``,
+``old_log_prob``, ``response_mask``), OpenRLHF (``log_probs``, ``action_mask``), TRL
+(``per_token_logps``, ``completion_mask``). Each alias names exactly one input.
+``attention_mask`` is refused: in the Hugging Face convention it covers the prompt too."""
+
+_REFUSED = {
+    "attention_mask": "in the Hugging Face convention it covers the prompt tokens too; "
+    "name the parameter response_mask (True at response tokens only)",
+}
+
+
 class Verdict(AssertionError):
     """The function under test did something no check can compare: raised, returned a
     non-scalar / integer / non-tensor, or a loss not differentiable in ``logprobs``."""
+
+
+class SignatureError(Verdict, TypeError):
+    """The function's parameters cannot be matched to the kit's inputs (raised once, when
+    the function is wrapped, so the plugin can report it at collection)."""
+
+
+class DeviceUnavailable(MarkerError):
+    """``device=`` names a device this machine does not have (under pytest the item is
+    skipped with this message; through ``assert_conforms`` it is raised)."""
+
+
+def guarded_call(
+    fn: Callable[..., Any], kwargs: Mapping[str, Any], what: str = "a valid batch"
+) -> Any:
+    """``fn(**kwargs)``; an exception from ``fn`` or ``sys.exit()`` inside it becomes a
+    :class:`Verdict` naming it (``what`` says on which input). ``KeyboardInterrupt`` and
+    pytest's own outcomes (skip, fail, exit: ``BaseException`` subclasses) propagate."""
+    try:
+        return fn(**kwargs)
+    except Exception as exc:  # the function's own error is the finding
+        frames = traceback.format_exception_only(type(exc), exc)
+        raise Verdict(f"the function raised on {what}: {''.join(frames).strip()}") from exc
+    except SystemExit as exc:
+        raise Verdict(
+            f"the function called sys.exit({exc.code!r}) on {what}; a loss must return "
+            "(or raise), never end the process"
+        ) from exc
+
+
+def resolve_parameters(
+    fn: Callable[..., Any], names: tuple[str, ...] = INPUT_NAMES
+) -> dict[str, str]:
+    """``{input name: parameter name}`` for the inputs among ``names`` that ``fn``
+    takes, by canonical name or an unambiguous alias (:data:`ALIASES`); all of them,
+    by canonical name, with ``**kwargs``. Raises :class:`SignatureError` once, naming
+    the accepted spellings, for a required parameter the kit cannot fill, two
+    parameters for one input, or positional-only tensor parameters."""
+    label = getattr(fn, "__qualname__", repr(fn))
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as exc:
+        raise SignatureError(f"cannot read the signature of {label}: {exc}") from exc
+    spelled = {n: n for n in names} | {alias: n for n in names for alias in ALIASES.get(n, ())}
+    accepted = "; ".join(
+        f"{n} (or {', '.join(ALIASES[n])})" if ALIASES.get(n) else n for n in names
+    )
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    found: dict[str, str] = {}
+    problems = []
+    for p in params:
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        required = p.default is inspect.Parameter.empty
+        if p.name in _REFUSED and required:
+            problems.append(f"parameter {p.name!r} is not accepted: {_REFUSED[p.name]}")
+            continue
+        canonical = spelled.get(p.name)
+        if canonical is None:
+            if required:
+                problems.append(f"required parameter {p.name!r} is not an input the kit provides")
+            continue
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+            problems.append(f"parameter {p.name!r} is positional-only; the kit passes keywords")
+            continue
+        if canonical in found:
+            problems.append(f"parameters {found[canonical]!r} and {p.name!r} both name {canonical}")
+            continue
+        found[canonical] = p.name
+    if problems:
+        raise SignatureError(
+            f"{label}: {'; '.join(problems)}. A marked function takes keyword tensors "
+            f"among: {accepted}; give any other parameter a default, or wrap the function"
+        )
+    if var_kw:
+        found = {n: found.get(n, n) for n in names}
+    return {n: found[n] for n in names if n in found}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,15 +208,22 @@ class FunctionUnderTest:
     def __init__(self, fn: Callable[..., Any], options: ConformanceOptions) -> None:
         self.fn = fn
         self.options = options
-        params = inspect.signature(fn).parameters.values()
-        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-        named = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
-        self.takes = tuple(n for n in INPUT_NAMES if var_kw or n in named)
+        self.parameters = resolve_parameters(fn)
+        """``{input name: parameter name}``: how each input is passed (aliases resolved)."""
+        self.takes = tuple(self.parameters)
         if "logprobs" not in self.takes:
-            raise Verdict(
+            raise SignatureError(
                 f"{getattr(fn, '__qualname__', fn)!r} has no 'logprobs' parameter; a marked loss "
-                f"function takes keyword tensors among {', '.join(INPUT_NAMES)}"
+                f"function takes keyword tensors among {', '.join(INPUT_NAMES)} "
+                f"(logprobs may also be spelled {', '.join(ALIASES['logprobs'])})"
             )
+        if getattr(options, "holes", False) and "response_mask" not in self.takes:
+            raise SignatureError(
+                f"holes=True draws response masks with holes inside a response, but "
+                f"{getattr(fn, '__qualname__', fn)!r} takes no response_mask: it could not "
+                "see them in any layout; add a response_mask parameter or drop holes=True"
+            )
+        self.device = _usable_device(str(getattr(options, "device", "cpu")))
 
     @property
     def name(self) -> str:
@@ -108,6 +234,7 @@ class FunctionUnderTest:
         return "ref_logprobs" in self.takes
 
     def _layout_inputs(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inputs the function takes, cloned, in its layout (canonical names)."""
         layout = self.options.layout
         mask = batch["response_mask"]
         out = {n: batch[n].detach().clone() for n in self.takes if n in batch}
@@ -132,6 +259,10 @@ class FunctionUnderTest:
             return unpack(grad, cu, width=mask.shape[1], fill=0.0)
         return grad
 
+    def keywords(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``inputs`` (canonical names) keyed by the function's parameter names."""
+        return {self.parameters[n]: t for n, t in inputs.items()}
+
     def call(
         self,
         batch: Mapping[str, torch.Tensor],
@@ -139,17 +270,16 @@ class FunctionUnderTest:
         grad: bool = True,
         snapshot: bool = False,
     ) -> Evaluation:
-        """Call the function on a canonical batch; raise :class:`Verdict` on misbehaviour."""
+        """Call the function on a canonical batch; raise :class:`Verdict` on misbehaviour.
+
+        With ``device`` other than CPU the function receives tensors on that device; the
+        loss and the gradient come back to the CPU (in the function's dtype)."""
         inputs = self._layout_inputs(batch)
+        if self.device.type != "cpu":
+            inputs = {k: v.to(self.device) for k, v in inputs.items()}
         inputs["logprobs"].requires_grad_(grad)
         before = {k: v.detach().clone() for k, v in inputs.items()} if snapshot else None
-        try:
-            result = self.fn(**inputs)
-        except Exception as exc:  # the function's own error is the finding
-            frames = traceback.format_exception_only(type(exc), exc)
-            raise Verdict(
-                f"the function raised on a valid batch: {''.join(frames).strip()}"
-            ) from exc
+        result = guarded_call(self.fn, self.keywords(inputs))
         loss = _as_loss(_pick_loss(result, self.options.loss))
         g = None
         if grad:
@@ -160,9 +290,35 @@ class FunctionUnderTest:
                 )
             try:
                 (g,) = torch.autograd.grad(loss, inputs["logprobs"], allow_unused=True)
-            except RuntimeError as exc:
+            except Exception as exc:  # incl. a custom autograd.Function's own error
                 raise Verdict(f"backward through the returned loss failed: {exc}") from exc
+            except SystemExit as exc:
+                raise Verdict(f"backward called sys.exit({exc.code!r})") from exc
             if g is None:
                 raise Verdict("the returned loss does not depend on logprobs (gradient is None)")
-            g = self._canonical_grad(g, batch)
-        return Evaluation(loss.detach(), g, inputs, before)
+            g = self._canonical_grad(g.cpu(), batch)
+        return Evaluation(loss.detach().cpu(), g, inputs, before)
+
+
+def _usable_device(name: str) -> torch.device:
+    """``torch.device(name)`` if this machine has it; :class:`DeviceUnavailable` otherwise."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}") from exc
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    if not torch.cuda.is_available():
+        raise DeviceUnavailable(
+            f"device={name!r}: CUDA is not available in this torch build "
+            f"({torch.__version__}) or on this machine; the checks need a CUDA device "
+            "(they are skipped under pytest), or drop device= to run on the CPU"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise DeviceUnavailable(
+            f"device={name!r}: this machine has {count} CUDA device(s) (cuda:0 .. cuda:{count - 1})"
+        )
+    return device

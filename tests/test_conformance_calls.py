@@ -169,7 +169,7 @@ def test_the_report_snippet_runs_standalone(layout: str, tmp_path: Any) -> None:
 
     result = _run(dapo_wrong_eps, layout=layout)
     assert not result.passed
-    text = result.report.split("reproduce (standalone; run from your repository root):")[1]
+    text = result.report.split("reproduce (standalone; ")[1].split(":\n", 1)[1]
     code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
     root = Path(__file__).parents[1]
     out = subprocess.run(
@@ -195,7 +195,7 @@ def test_snippet_shows_what_the_check_compared() -> None:
         (dapo_inplace, "dapo", "inputs-unchanged", "inputs modified in place: ['old_logprobs']"),
     ):
         result = _run(fn, reference, check, **({"eps_high": 2.0} if reference == "cispo" else {}))
-        text = result.report.split("reproduce (standalone; run from your repository root):")[1]
+        text = result.report.split("reproduce (standalone; ")[1].split(":\n", 1)[1]
         code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
         assert out.returncode == 0, out.stderr

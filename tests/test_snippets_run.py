@@ -1,0 +1,199 @@
+"""Report snippets run as printed, from the directory the report names, and reproduce what
+the check did (issue 14): one per check, in every layout where it matters, for a function
+under a ``tests/`` directory without ``__init__.py`` (pytester project), for a function
+made by a factory and collected under another name, and for one that cannot be imported.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pytest_polgrad.engine import build_context, run_check
+from pytest_polgrad.options import parse_marker
+from tests import sample_losses as L
+
+pytest_plugins = ["pytester"]
+
+HEAD = re.compile(r"  reproduce \(standalone; (.*)\):\n")
+
+
+def _snippet(report: str) -> tuple[str, str]:
+    """``(instruction, code)`` of a report's reproduce section."""
+    match = HEAD.search(report)
+    assert match, report
+    body = report[match.end() :].split("\n  replay ")[0]
+    return match.group(1), "\n".join(line[4:] for line in body.splitlines())
+
+
+def _run_from(instruction: str) -> str:
+    prefix = "save it as a file and run it with python from "
+    assert instruction.startswith(prefix), instruction
+    return instruction[len(prefix) :]
+
+
+def _execute(code: str, tmp_path: Path, cwd: str) -> str:
+    """Run ``code`` saved as a file outside ``cwd`` (so only what the snippet puts on
+    sys.path helps), from ``cwd``; return its stdout."""
+    path = tmp_path / "repro.py"
+    path.write_text(code)
+    out = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, cwd=cwd, check=False
+    )
+    assert out.returncode == 0, out.stderr + "\n" + code
+    return out.stdout
+
+
+def _failing(fn: Callable[..., Any], reference: str, check: str, **options: Any) -> str:
+    ctx = build_context(fn, parse_marker((reference,), options))
+    result = run_check(ctx, check, max_examples=40, base_seed=0, replay="pytest x")
+    assert not result.passed, f"{check} did not fail"
+    return result.report
+
+
+def _number(stdout: str, label: str) -> float:
+    line = next(x for x in stdout.splitlines() if x.startswith(label))
+    return float(line.split(":")[-1].split()[0])
+
+
+CISPO = {"eps_high": 2.0}
+CASES: list[tuple[str, str, Callable[..., Any], dict[str, Any], str]] = [
+    # check, reference, wrong loss, options, what the snippet must show
+    ("value", "dapo", L.dapo_wrong_eps, {}, "function:"),
+    ("value", "dapo", L.dapo_wrong_eps, {"layout": "left"}, "function:"),
+    ("value", "dapo", L.dapo_wrong_eps, {"layout": "packed"}, "function:"),
+    ("gradient", "cispo", L.cispo_no_stop_gradient, CISPO, "largest gradient difference"),
+    ("on-policy", "cispo", L.cispo_no_stop_gradient, CISPO, "largest gradient difference"),
+    ("masked-positions", "dapo", L.dapo_grad_into_padding, {}, "largest |gradient| at padding"),
+    ("padding-values", "dapo", L.dapo_leaky, {}, "loss:"),
+    ("padding-columns", "dapo", L.dapo_padded_width, {}, "loss:"),
+    ("micro-batch", "grpo", L.grpo_token_mean, {}, "loss:"),
+    ("micro-batch", "grpo", L.grpo_token_mean, {"layout": "left"}, "loss:"),
+    ("inputs-unchanged", "dapo", L.dapo_inplace, {}, "inputs modified in place: ['old_logprobs']"),
+    ("deterministic", "dapo", L.dapo_nondeterministic, {}, "same loss twice: False"),
+    ("extreme-finite", "dapo", L.dapo_ratio_of_probs, {}, "loss finite: False"),
+]
+
+
+@pytest.mark.parametrize(
+    ("check", "reference", "wrong", "options", "shown"),
+    CASES,
+    ids=[f"{c[0]}-{c[3].get('layout', 'right')}" for c in CASES],
+)
+def test_the_snippet_reproduces_the_check(
+    check: str,
+    reference: str,
+    wrong: Any,
+    options: dict[str, Any],
+    shown: str,
+    tmp_path: Path,
+) -> None:
+    instruction, code = _snippet(_failing(wrong, reference, check, **options))
+    stdout = _execute(code, tmp_path, _run_from(instruction))
+    assert shown in stdout, stdout
+    if check == "value":
+        printed = stdout.split()
+        assert float(printed[1]) != pytest.approx(float(printed[3]), rel=1e-6)
+    if check in ("gradient", "on-policy"):
+        assert _number(stdout, "largest gradient difference") > 1e-6
+    if check in ("padding-values", "padding-columns", "micro-batch"):
+        # what changed is reproduced: the loss or the gradient differs
+        line = next(x for x in stdout.splitlines() if x.startswith("loss:")).split()
+        loss_moved = float(line[1]) != pytest.approx(float(line[-1]), rel=1e-9, abs=1e-12)
+        assert loss_moved or _number(stdout, "largest gradient difference") > 1e-9, stdout
+
+
+def test_the_micro_batch_snippet_micro_batches() -> None:
+    _, code = _snippet(_failing(L.grpo_token_mean, "grpo", "micro-batch"))
+    assert "for b in range(rows):" in code and "run({k: v[b : b + 1]" in code
+
+
+def test_aliased_parameter_names_reach_the_snippet(tmp_path: Path) -> None:
+    instruction, code = _snippet(_failing(_dapo_log_probs, "dapo", "value"))
+    assert "'logprobs': 'log_probs'" in code and "'response_mask': 'action_mask'" in code
+    assert "function:" in _execute(code, tmp_path, _run_from(instruction))
+
+
+def _dapo_log_probs(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor,
+) -> torch.Tensor:
+    return L.dapo_wrong_eps(log_probs, old_log_probs, advantages, action_mask)
+
+
+def _make(hi: float) -> Callable[..., torch.Tensor]:
+    def inner(
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        per = L._ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, hi)
+        return L._token_mean(per, response_mask)
+
+    return inner
+
+
+factory_made = _make(0.2)
+"""Collected as ``factory_made``; its ``__name__`` is ``inner``."""
+
+
+def test_a_factory_made_function_is_imported_under_its_module_name(tmp_path: Path) -> None:
+    instruction, code = _snippet(_failing(factory_made, "dapo", "value"))
+    assert "from tests.test_snippets_run import factory_made" in code
+    assert "function:" in _execute(code, tmp_path, _run_from(instruction))
+
+
+def test_an_unimportable_function_gets_a_paste_instruction() -> None:
+    closure = _make(0.2)  # not a module attribute: cannot be imported
+    report = _failing(closure, "dapo", "value")
+    instruction, code = _snippet(report)
+    assert instruction == "paste the definition of inner where marked, then run it"
+    assert "# paste its definition (and what it uses) here, named inner." in code
+    assert "from __main__" not in code
+
+
+PROJECT_LOSS = """
+import pytest
+import torch
+
+
+@pytest.mark.polgrad_conforms("dapo", checks=["value", "micro-batch"])
+def dapo_loss(logprobs, old_logprobs, advantages, response_mask):
+    r = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+    a = advantages[:, None]
+    per = torch.maximum(-a * r, -a * r.clamp(0.8, 1.2))
+    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+"""
+
+
+def test_a_snippet_for_a_function_under_tests_runs_from_the_named_directory(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """Issue 14: 'run from your repository root' raised ModuleNotFoundError for tests in a
+    ``tests/`` directory (pytest's rootdir-relative ``prepend`` import puts ``tests/``, not
+    the root, on sys.path)."""
+    tests = pytester.mkdir("tests")
+    (tests / "test_conformance.py").write_text(PROJECT_LOSS)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    instruction, code = _snippet(text[text.index("does not conform to 'dapo'") :])
+    assert "sys.path.insert(0, 'tests')" in code
+    assert "from test_conformance import dapo_loss" in code
+    run_from = _run_from(instruction)
+    assert Path(run_from) == pytester.path
+    stdout = _execute(code, tmp_path, run_from)
+    printed = stdout.split()
+    assert printed[0] == "function:" and float(printed[1]) != pytest.approx(float(printed[3]))
