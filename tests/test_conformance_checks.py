@@ -84,3 +84,24 @@ def test_value_failure_diagnoses_the_semantics_actually_implemented() -> None:
     assert "the reference 'grpo' is seq-mean-token-mean" in result.diagnosis
     result = _run(L.dapo, "grpo", "value")
     assert "pg_clip eps 0.2/0.28, no KL term — dapo" in result.diagnosis
+
+
+# Checks whose tolerance depends on the input precision, at float32 and bfloat16 inputs:
+# the wrong loss is still caught and the correct one passes. (bfloat16 'value' cannot see
+# eps 0.2 vs 0.28 within u_bf16 * K of the loss; the gradient does, see
+# tests/test_false_alarms.py. 'deterministic' drift of 1e-15 is below float32's rounding.)
+LOW_PRECISION = [
+    (case, dtype)
+    for case in CASES
+    for dtype in ("float32", "bfloat16")
+    if case[0] not in ("deterministic",) and (case[0], dtype) != ("value", "bfloat16")
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype"), LOW_PRECISION, ids=[f"{c[0]}-{d}" for c, d in LOW_PRECISION]
+)
+def test_checks_at_low_precision_inputs(case: Any, dtype: str) -> None:
+    check, reference, correct, wrong = case
+    assert _run(correct, reference, check, dtype=dtype).passed
+    assert not _run(wrong, reference, check, dtype=dtype).passed
