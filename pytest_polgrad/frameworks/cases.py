@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from polgrad_reference import KLConfig
+
 __all__ = ["CASES", "PADDED_WIDTH", "Case", "Reference"]
 
 PADDED_WIDTH = "padded-width"
@@ -99,8 +101,8 @@ _VERL = (
         options={"mode": "vanilla", "loss_agg_mode": "token-mean"},
         advantages="token",
         equals=_r("ppo", dual_clip=3.0),
-        claims=_r("ppo"),
-        expect={"value": _DUAL, "gradient": _DUAL},
+        claims=_r("grpo", dual_clip=3.0),
+        expect={"value": _TOKEN_MEAN, "gradient": _TOKEN_MEAN},
         note="ActorConfig defaults: clip_ratio 0.2, clip_ratio_c 3.0, loss_agg_mode token-mean",
     ),
     Case(
@@ -317,6 +319,22 @@ _TRL = (
         options={"loss_type": "luspo", "importance_sampling_level": "sequence"},
         advantages="sequence",
         equals=_r("gspo", eps_low=0.2, eps_high=0.2, aggregation="seq-mean-token-sum"),
+    ),
+    Case(
+        id="trl_grpo_kl_bias_corrected",
+        framework="trl",
+        entry="GRPOTrainer._compute_loss",
+        factory="grpo_loss",
+        options={"loss_type": "grpo", "beta": 0.04},
+        advantages="sequence",
+        equals=_r("grpo", kl=KLConfig(coef=0.04, ratio_weight="undetached")),
+        claims=_r("grpo"),
+        expect={
+            "gradient": "use_bias_correction_kl (default True) multiplies k3 by the undetached "
+            "ratio, which changes the gradient even on-policy",
+            "on-policy": "the k3 term's gradient includes d ratio * k3",
+        },
+        takes_ref=True,
     ),
     Case(
         id="trl_grpo_kl",

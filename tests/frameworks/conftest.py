@@ -26,3 +26,31 @@ collect_ignore_glob = [pattern for fw in MISSING for pattern in MODULES[fw]]
 if MISSING:
     # Cross-framework tests (the DEVIATIONS table, empty rows) need all three.
     collect_ignore_glob += ["test_all_*.py"]
+
+
+# ------------------------------------------------------------------ the DEVIATIONS table
+# A demonstrating test that fails (or whose expected failure passes) fails the run by
+# itself; one that is skipped would hide a deviation, so a skip of any of them fails the
+# run too. That every node id exists is test_all_deviations.py's check.
+
+import pytest  # noqa: E402
+
+from pytest_polgrad.frameworks import DEVIATIONS  # noqa: E402
+
+_IDS = {d.nodeid for d in DEVIATIONS}
+_SKIPPED: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.nodeid in _IDS and report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.add(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput") or not _SKIPPED:
+        return
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line("DEVIATIONS whose demonstrating test was skipped (a deviation must be "
+                      "demonstrated): " + ", ".join(sorted(_SKIPPED)), red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
