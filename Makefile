@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean frameworks
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,26 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict
+
+# The frameworks tier: verl 0.9.1, TRL 1.16.0 and OpenRLHF 0.11.2 in their own venv.
+# CPU torch first; then the pinned support packages; the package itself; the three
+# framework wheels with --no-deps, verified against their sha256 (--require-hashes).
+FW_VENV := .venv-frameworks
+FW_PY := $(FW_VENV)/bin/python
+FW_DIR := pytest_polgrad/frameworks
+FW_STAMP := $(FW_VENV)/.installed
+PIP_Q := --quiet --disable-pip-version-check
+
+$(FW_STAMP): pyproject.toml $(FW_DIR)/support.txt $(FW_DIR)/requirements.txt
+	$(PYTHON) -m venv $(FW_VENV)
+	$(FW_PY) -m pip install $(PIP_Q) torch==2.13.0
+	$(FW_PY) -m pip install $(PIP_Q) -r $(FW_DIR)/support.txt
+	$(FW_PY) -m pip install $(PIP_Q) --no-deps -e .
+	$(FW_PY) -m pip install $(PIP_Q) --no-deps --require-hashes -r $(FW_DIR)/requirements.txt
+	touch $(FW_STAMP)
+
+frameworks: $(FW_STAMP)
+	$(FW_PY) -m pytest tests/frameworks -n 2 -q -p no:cacheprovider --polgrad-max-examples=20
 
 bench: $(STAMP)
 	$(PY) bench/reference.py
