@@ -79,6 +79,27 @@ def test_rollout_drift_at_the_injected_size_fires() -> None:
         assert out.noise_rms is not None and out.rms > out.noise_rms
 
 
+@pytest.mark.parametrize(("exceed", "p"), [(4, 1 / 16), (3, 5 / 16), (2, 11 / 16), (0, 1.0)])
+def test_sign_test_p_value_is_the_exact_binomial_tail(exceed: int, p: float) -> None:
+    # four informative tokens and one tie: K of them have |d| > |d0|; P(Bin(4, 1/2) >= K)
+    mask = torch.ones((1, 5), dtype=torch.bool)
+    tr = torch.full((1, 5), -1.0, dtype=torch.float64)
+    big, small = torch.full((5,), 0.2), torch.full((5,), 0.1)
+    d = torch.where(torch.arange(5) < exceed, big, small).double()
+    d0 = torch.where(torch.arange(5) < exceed, small, big).double()
+    d[4] = d0[4] = 0.3  # a tie: dropped
+    out = logprob_mismatch(
+        trainer_logprobs=tr,
+        rollout_logprobs=tr - d[None],
+        rescored_logprobs=tr - d0[None],
+        response_mask=mask,
+        alpha=0.1,
+    )
+    assert out.n_informative == 4 and out.n_exceed == exceed
+    assert out.p_value == pytest.approx(p, rel=1e-12) and out.alarm == (p <= 0.1)
+    assert out.z == pytest.approx((2 * exceed - 4) / 2)
+
+
 def test_closed_forms_at_a_constant_ratio_of_two() -> None:
     mask = torch.ones((2, 3), dtype=torch.bool)
     ro = torch.full((2, 3), -2.0, dtype=torch.float64)

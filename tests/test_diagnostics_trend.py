@@ -18,7 +18,9 @@ from polgrad_reference.diagnostics import entropy_trend
 from polgrad_reference.errors import ConfigError, InputError
 
 
-@pytest.mark.parametrize(("law", "m"), [("normal", 19), ("cauchy", 19), ("normal", 39)])
+@pytest.mark.parametrize(
+    ("law", "m"), [("normal", 19), ("cauchy", 19), ("normal", 39), ("normal", 29)]
+)
 def test_level_is_exact_under_exchangeability(law: str, m: int) -> None:
     g = torch.Generator().manual_seed(0)
     reps, n, alpha = 1500, 30, 0.05
@@ -84,3 +86,9 @@ def test_bad_inputs_are_named() -> None:
         entropy_trend([1.0, 2.0, 3.0], n_permutations=0)
     with pytest.raises(ConfigError, match="alpha must lie in"):
         entropy_trend([1.0, 2.0, 3.0], alpha=0.0)
+
+
+def test_the_smallest_p_value_is_one_over_m_plus_one() -> None:
+    # a monotone drop beats every permutation; the p-value is 1/(M + 1), never 0
+    out = entropy_trend([-float(i) for i in range(50)], n_permutations=199)
+    assert out.p_value == 1 / 200 and out.alarm and out.level == 0.05
