@@ -80,8 +80,9 @@ class SignatureError(Verdict, TypeError):
 
 
 class DeviceUnavailable(MarkerError):
-    """``device=`` names a device this machine does not have (under pytest the item is
-    skipped with this message; through ``assert_conforms`` it is raised)."""
+    """``device=`` names a device this machine does not have: an error in pytest items and
+    ``assert_conforms`` alike, never a skip (a CPU-only run must not look as if the CUDA
+    path was checked; users add their own ``skipif``)."""
 
 
 def guarded_call(
@@ -314,7 +315,8 @@ def _usable_device(name: str) -> torch.device:
         raise DeviceUnavailable(
             f"device={name!r}: CUDA is not available in this torch build "
             f"({torch.__version__}) or on this machine; the checks need a CUDA device "
-            "(they are skipped under pytest), or drop device= to run on the CPU"
+            "(mark the test skipif(not torch.cuda.is_available()) to run it only there), "
+            "or drop device= to run on the CPU"
         )
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
