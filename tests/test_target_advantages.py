@@ -309,3 +309,61 @@ def test_bad_overrides_are_marker_errors(options: dict[str, Any], words: str) ->
 def test_unknown_reference_suggests_a_name() -> None:
     with pytest.raises(MarkerError, match="did you mean 'grpo'"):
         assert_conforms(grpo_loop, "grpoo", kind="advantages", max_examples=1)
+
+
+# ---------------------------------------------------------------- the marker (pytester)
+
+pytest_plugins = ["pytester"]
+
+MARKED = """
+import pytest
+import torch
+
+
+def _grpo(rewards, group_ids, unbiased=True):
+    out = torch.zeros_like(rewards)
+    for g in sorted(set(group_ids.tolist())):
+        m = group_ids == g
+        r = rewards[m]
+        if r.numel() > 1:
+            out[m] = (r - r.mean()) / (r.std(unbiased=unbiased) + 1e-6)
+    return out
+
+
+@pytest.mark.polgrad_conforms("grpo", kind="advantages")
+def good(rewards, group_ids):
+    return _grpo(rewards, group_ids)
+
+
+@pytest.mark.polgrad_conforms("grpo", kind="advantages", checks=["value"])
+def population(rewards, group_ids):
+    return _grpo(rewards, group_ids, unbiased=False)
+"""
+
+
+def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pytester) -> None:
+    import json
+
+    pytester.makepyfile(test_adv=MARKED)
+    args = ("-p", "no:cacheprovider", "--polgrad-max-examples=8", "-p", "no:randomly")
+    first = pytester.runpytest_subprocess(*args, "--snapshot-update", "-k", "good")
+    first.assert_outcomes(passed=11)  # 10 checks + golden (recorded)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(*args, f"--polgrad-report={report}")
+    result.assert_outcomes(passed=11, failed=1)
+    assert "population std" in result.stdout.str()  # the diagnosis in the failure report
+    rows = json.loads(report.read_text())
+    ids = {r["nodeid"] for r in rows}
+    assert {"test_adv.py::good[grpo-group-order]", "test_adv.py::good[grpo-golden]"} <= ids
+    assert {r["kind"] for r in rows} == {"advantages"}
+    # a semantic change of the recorded function shows up as a golden diff
+    pytester.makepyfile(
+        test_adv=MARKED.replace(
+            "return _grpo(rewards, group_ids)\n",
+            "return _grpo(rewards, group_ids, unbiased=False)\n",
+            1,
+        )
+    )
+    changed = pytester.runpytest_subprocess(*args, "-k", "good and golden")
+    changed.assert_outcomes(failed=1)
+    assert "does not match" in changed.stdout.str()

@@ -148,3 +148,42 @@ def test_bad_options_are_marker_errors() -> None:
         assert_conforms(bonus_ok, "entropyy", kind="entropy", max_examples=1)
     with pytest.raises(MarkerError, match="layout='right'"):
         assert_conforms(bonus_ok, "entropy", kind="entropy", layout="left", max_examples=1)
+
+
+# ---------------------------------------------------------------- the marker (pytester)
+
+pytest_plugins = ["pytester"]
+
+MARKED = """
+import pytest
+import torch
+
+
+@pytest.mark.polgrad_conforms("entropy", kind="entropy")
+def good(logits, response_mask):
+    logp = torch.log_softmax(logits, dim=-1)
+    h = -(logp.exp() * logp).sum(dim=-1)
+    return torch.where(response_mask, h, 0.0).sum() / response_mask.sum()
+
+
+@pytest.mark.polgrad_conforms("entropy", kind="entropy", checks=["value"])
+def negated(logits, response_mask):
+    return -good(logits, response_mask)
+"""
+
+
+def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pytester) -> None:
+    import json
+
+    pytester.makepyfile(test_ent=MARKED)
+    args = ("-p", "no:cacheprovider", "--polgrad-max-examples=8", "-p", "no:randomly")
+    pytester.runpytest_subprocess(*args, "--snapshot-update", "-k", "good").assert_outcomes(
+        passed=8
+    )
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(*args, f"--polgrad-report={report}")
+    result.assert_outcomes(passed=8, failed=1)
+    assert "token-mean of -H of the softmax in nats" in result.stdout.str()
+    rows = json.loads(report.read_text())
+    assert "test_ent.py::good[entropy-golden]" in {r["nodeid"] for r in rows}
+    assert {r["kind"] for r in rows} == {"entropy"}

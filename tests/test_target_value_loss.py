@@ -167,3 +167,46 @@ def test_bad_overrides_are_marker_errors() -> None:
         assert_conforms(
             value_loss_ok, "ppo", kind="value_loss", aggregation="token-sum-norm", max_examples=1
         )
+
+
+# ---------------------------------------------------------------- the marker (pytester)
+
+pytest_plugins = ["pytester"]
+
+MARKED = """
+import pytest
+import torch
+
+
+def _loss(values, old_values, returns, response_mask, half=0.5):
+    clipped = old_values + (values - old_values).clamp(-0.2, 0.2)
+    per = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
+    return half * torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+
+
+@pytest.mark.polgrad_conforms("ppo", kind="value_loss")
+def good(values, old_values, returns, response_mask):
+    return _loss(values, old_values, returns, response_mask)
+
+
+@pytest.mark.polgrad_conforms("ppo", kind="value_loss", checks=["value"])
+def no_half(values, old_values, returns, response_mask):
+    return _loss(values, old_values, returns, response_mask, half=1.0)
+"""
+
+
+def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pytester) -> None:
+    import json
+
+    pytester.makepyfile(test_vf=MARKED)
+    args = ("-p", "no:cacheprovider", "--polgrad-max-examples=8", "-p", "no:randomly")
+    pytester.runpytest_subprocess(*args, "--snapshot-update", "-k", "good").assert_outcomes(
+        passed=8
+    )
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(*args, f"--polgrad-report={report}")
+    result.assert_outcomes(passed=8, failed=1)
+    assert "x 1 (no 1/2)" in result.stdout.str()
+    rows = json.loads(report.read_text())
+    assert "test_vf.py::good[ppo-golden]" in {r["nodeid"] for r in rows}
+    assert {r["kind"] for r in rows} == {"value_loss"}
