@@ -166,3 +166,24 @@ def test_marker_generates_kl_items_and_goldens(pytester) -> None:
     assert "FAILED test_kl.py::flipped[grpo-value]" in out
     assert "k3 with the sign of the log-ratio flipped" in out
     result.assert_outcomes(passed=len(checks), failed=1)
+
+
+def k3_ratio_weighted(logprobs, ref_logprobs, old_logprobs, response_mask):
+    """TRL 1.16.0 use_bias_correction_kl: per-token k3 times the (undetached) policy ratio."""
+    ratio = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+    return ratio * k3(logprobs, ref_logprobs, response_mask)
+
+
+def k3_ratio_detached(logprobs, ref_logprobs, old_logprobs, response_mask):
+    ratio = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0)).detach()
+    return ratio * k3(logprobs, ref_logprobs, response_mask)
+
+
+def test_ratio_weighted_kl_passes_and_a_detached_ratio_is_named() -> None:
+    undetached = {"overrides": {"ratio_weight": "undetached"}}
+    for check in ("value", "gradient"):
+        assert _run(k3_ratio_weighted, check, "grpo", **undetached).passed, check
+    assert _run(k3_ratio_detached, "value", "grpo", **undetached).passed  # same value
+    result = _run(k3_ratio_detached, "gradient", "grpo", **undetached)
+    assert not result.passed
+    assert "ratio-weighted (detached)" in result.diagnosis, result.diagnosis

@@ -158,7 +158,9 @@ CORRECT = [
 ]
 
 
-@pytest.mark.parametrize("check", [*SPLIT_CHECKS, "masked-positions", "inputs-unchanged"])
+@pytest.mark.parametrize(
+    "check", [*SPLIT_CHECKS, "masked-positions", "padding-values", "inputs-unchanged"]
+)
 @pytest.mark.parametrize(
     ("fn", "reference", "options"),
     CORRECT,
@@ -264,8 +266,54 @@ def test_marker_generates_training_step_items_goldens_and_reports(pytester) -> N
     pytester.runpytest_subprocess(*args, "--snapshot-update")
     result = pytester.runpytest_subprocess(*args, "-rA")
     out = result.stdout.str()
-    for check in (*SPLIT_CHECKS, "masked-positions", "golden"):
+    every = (*SPLIT_CHECKS, "masked-positions", "padding-values", "inputs-unchanged",
+             "deterministic", "golden")  # fmt: skip
+    for check in every:
         assert f"PASSED test_steps.py::verl_style[dapo-{check}]" in out, out
     assert "FAILED test_steps.py::mean_of_means[dapo-micro-batches]" in out
     assert "mean of micro-batch means" in out
-    result.assert_outcomes(passed=8, failed=1)
+    result.assert_outcomes(passed=len(every), failed=1)
+
+
+def trl_generation_rescaled(
+    logprobs, old_logprobs, advantages, response_mask, generation_tokens, world_size,
+    gradient_accumulation_steps, steps_per_generation,
+):  # fmt: skip
+    """TRL 1.16.0 grpo_trainer.py (dapo/cispo): num_items_in_batch of the generation batch,
+    divided by the processes and rescaled by gradient_accumulation_steps /
+    steps_per_generation -- exact only when the optimizer steps of one generation batch
+    hold equal token counts."""
+    tok = _token_losses(DAPO, logprobs, old_logprobs, advantages, response_mask)
+    normaliser = generation_tokens / world_size * gradient_accumulation_steps
+    return tok.sum() / (normaliser / steps_per_generation)
+
+
+def test_trl_generation_rescaled_normaliser_passes_until_generation_steps_differ() -> None:
+    for check in ("full-batch", "micro-batches", "data-parallel"):
+        assert _run(trl_generation_rescaled, check).passed, check
+    result = _run(trl_generation_rescaled, "generation-steps")
+    assert not result.passed
+    assert "rescaled by gradient_accumulation_steps / steps_per_generation" in result.diagnosis
+
+
+def nan_leaking_step(logprobs, old_logprobs, advantages, response_mask, global_tokens, world_size):
+    """Masking by multiplication: NaN at padding survives 0 * NaN."""
+    r = torch.exp(logprobs - old_logprobs)
+    return (-(advantages[:, None] * r) * response_mask).sum() / global_tokens * world_size
+
+
+def test_padding_values_catches_a_nan_leak_and_passes_where_masking() -> None:
+    assert _run(token_mean_step, "padding-values", padding_nan=True).passed
+    result = _run(nan_leaking_step, "padding-values", padding_nan=True)
+    assert not result.passed
+
+
+def gspo_step(logprobs, old_logprobs, advantages, response_mask, global_rows, world_size):
+    cfg = get_algorithm("gspo").loss
+    tok = _token_losses(cfg, logprobs, old_logprobs, advantages, response_mask)
+    return (tok.sum(dim=1) / response_mask.sum(dim=1)).sum() / global_rows * world_size
+
+
+@pytest.mark.parametrize("check", SPLIT_CHECKS)
+def test_sequence_ratio_step_passes(check) -> None:
+    assert _run(gspo_step, check, "gspo").passed

@@ -81,6 +81,8 @@ def _call(ctx: AggContext, inputs: Mapping[str, torch.Tensor], what: str) -> _Ev
     x = inputs["x"].detach().clone().requires_grad_(True)
     kwargs = {ctx.value_name: x, ctx.mask_name: inputs["response_mask"].clone()}
     out = require_scalar(_pick_loss(call_guarded(ctx.fn, kwargs, what), ctx.options.loss), what)
+    if not bool(torch.isfinite(out)):
+        raise Verdict(f"the function returned {out.item()} on {what}")
     if not out.requires_grad:
         raise Verdict(f"{what}: the result is not differentiable in {ctx.value_name}")
     (g,) = torch.autograd.grad(out, x, allow_unused=True)

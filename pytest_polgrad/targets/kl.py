@@ -372,8 +372,9 @@ class KLKind:
         out = {name: _inputs(batch, name) for name, batch in found.items()}
         base = found["ragged"]
         mask = base["response_mask"]
-        # log-ratios up to +-12 so that a clamp at +-10 (and its absence) shows
-        wide = torch.linspace(-12.0, 12.0, int(mask.sum()), dtype=torch.float64)
+        # log-ratios up to +-9 (k3(9) = e^9 - 10 ~ 8093) so that a clamp at +-10 and its
+        # absence both show, while exp stays representable in float16
+        wide = torch.linspace(-9.0, 9.0, int(mask.sum()), dtype=torch.float64)
         ref = base["logprobs"].to(torch.float64).clone()
         ref[mask] = ref[mask] + wide
         big = {**base, "ref_logprobs": ref.to(base["logprobs"].dtype)}

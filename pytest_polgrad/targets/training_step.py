@@ -237,6 +237,31 @@ def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float
     return 0.0
 
 
+def check_padding_values(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
+    """Only the values at padding change (to NaN with ``padding_nan``): nothing else does."""
+    mask = inputs["response_mask"]
+    first = accumulate(ctx, inputs)
+    fill = math.nan if ctx.options.padding_nan else -11.5
+    other = {
+        k: torch.where(mask, v, torch.full_like(v, fill))
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() == 2
+        else v
+        for k, v in inputs.items()
+    }
+    second = accumulate(ctx, other)
+    ref = _expected(ctx, inputs)
+    what = " when only the values at padding change" + (
+        " (to NaN)" if ctx.options.padding_nan else ""
+    )
+    err = compare_tensor(
+        ctx, second.grad, first.grad, ref.grad_scale, mask, "accumulated gradient", what
+    )
+    if math.isnan(first.loss) and math.isnan(second.loss):
+        return err
+    return max(err, compare_value(ctx, second.loss, first.loss, ref.value_scale, ref.n_tokens,
+                                  "accumulated loss", what))  # fmt: skip
+
+
 def check_inputs_unchanged(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     acc = accumulate(ctx, inputs, snapshot=True)
     if acc.changed:
@@ -270,6 +295,8 @@ _CHECKS = (
               _family_check("generation-steps"), domain="generation-steps"),
     KindCheck("masked-positions", "the accumulated gradient is exactly zero at padding",
               check_masked_positions, domain="any", semantic=False),
+    KindCheck("padding-values", "the accumulated loss and gradient do not depend on the "
+              "values at padding", check_padding_values, domain="any", semantic=False),
     KindCheck("inputs-unchanged", "no micro-batch input is modified in place",
               check_inputs_unchanged, domain="any", semantic=False),
     KindCheck("deterministic", "two runs of the same step agree bitwise", check_deterministic,
