@@ -197,3 +197,40 @@ def test_a_snippet_for_a_function_under_tests_runs_from_the_named_directory(
     stdout = _execute(code, tmp_path, run_from)
     printed = stdout.split()
     assert printed[0] == "function:" and float(printed[1]) != pytest.approx(float(printed[3]))
+
+
+SCRIPT = """
+import torch
+from pytest_polgrad import ConformanceError, assert_conforms
+
+
+def wrong(logprobs, old_logprobs, advantages, response_mask):
+    r = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+    a = advantages[:, None]
+    per = torch.maximum(-a * r, -a * r.clamp(0.8, 1.2))
+    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+
+
+try:
+    assert_conforms(wrong, "dapo", max_examples=10, checks=("value",))
+except ConformanceError as exc:
+    print(exc)
+"""
+
+
+def test_an_assert_conforms_snippet_from_a_script_says_how_to_paste(tmp_path: Path) -> None:
+    """Issue 14: snippets of functions defined in a script imported ``from __main__``."""
+    script = tmp_path / "check_my_loss.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    instruction, code = _snippet(out.stdout)
+    assert instruction == "paste the definition of wrong where marked, then run it"
+    assert "from __main__" not in code
+    marker = "# paste its definition (and what it uses) here, named wrong."
+    definition = SCRIPT.split("\n\n\ntry:")[0].split("\n\n\n", 1)[1]
+    stdout = _execute(code.replace(marker, definition), tmp_path, str(tmp_path))
+    printed = stdout.split()
+    assert printed[0] == "function:" and float(printed[1]) != pytest.approx(float(printed[3]))
