@@ -724,6 +724,34 @@ class PolicyLossConfig(_Derivable):
                     "bounds='relative' and no dual_clip"
                 )
 
+    def replace(self, **changes: Any) -> PolicyLossConfig:
+        """A validated copy with ``changes``. Changing ``surrogate`` without passing
+        ``params`` drops params the new surrogate does not take (as ``derive`` drops a
+        budget with its aggregation); one that needs other params must be given them."""
+        if "surrogate" in changes and "params" not in changes:
+            new = _enum(SurrogateKind, changes["surrogate"], "surrogate")
+            want = PARAMS_TYPE.get(new)
+            if want is None or not isinstance(self.params, want):
+                changes["params"] = None
+        out: PolicyLossConfig = dataclasses.replace(self, **changes)
+        return out
+
+    @property
+    def on_policy_is_policy_gradient(self) -> bool:
+        """True when, at ``old_logprobs = logprobs`` (and ``rollout = old``), the gradient is
+        REINFORCE's with the same aggregation: every gate, clip and weight is 1 there.
+        False for Clip-Cov, which removes its selected tokens (``tests/test_variants.py``,
+        ``test_on_policy_gradient_is_the_policy_gradient``)."""
+        return self.surrogate is not SurrogateKind.CLIP_COV
+
+    @property
+    def couples_rows(self) -> bool:
+        """True when a token's loss depends on other rows of the batch beyond the
+        aggregation's denominators: the covariance selection of Clip-Cov / KL-Cov uses
+        batch means and a batch-wide top-k, so those losses never decompose into
+        per-row micro-batches."""
+        return self.needs_selection
+
     @property
     def needs_selection(self) -> bool:
         """True for the covariance surrogates, whose selected tokens are an input."""

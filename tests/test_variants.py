@@ -659,7 +659,34 @@ def test_every_entry_ignores_padding_and_is_finite(
     assert torch.equal(policy_loss(cfg, **other).loss, out.loss.detach())
 
 
-ON_POLICY_AS_REINFORCE = sorted(set(ALGORITHMS) - {"clip_cov"})
+ON_POLICY_AS_REINFORCE = sorted(
+    n for n, spec in ALGORITHMS.items() if spec.loss.on_policy_is_policy_gradient
+)
+
+
+def test_only_clip_cov_departs_from_the_policy_gradient_on_policy() -> None:
+    assert set(ALGORITHMS) - set(ON_POLICY_AS_REINFORCE) == {"clip_cov"}
+    batch = build([1, 3, 5], seed=7, width=6, gap=0.3)
+    lp = torch.where(batch["response_mask"], batch["logprobs"], -1.0)
+    batch = {**batch, "logprobs": lp, "old_logprobs": lp.clone()}
+    # a window that holds candidates on this batch, all selected (fraction 1)
+    cfg = PolicyLossConfig(
+        surrogate="clip_cov", params=CovarianceSelection(fraction=1.0, low=-10.0, high=10.0)
+    )
+    assert not cfg.on_policy_is_policy_gradient and cfg.couples_rows
+    _, g = _grad(cfg, batch)
+    _, want = _grad(PolicyLossConfig(surrogate="reinforce"), batch)
+    assert not torch.allclose(g, want)
+
+
+def test_replace_drops_params_the_new_surrogate_does_not_take() -> None:
+    sapo = ALGORITHMS["sapo"].loss
+    assert sapo.replace(surrogate="reinforce").params is None
+    assert sapo.replace(surrogate="sapo", ratio="sequence").params == SoftGate()
+    with pytest.raises(ConfigError, match=r"needs params=GammaWeight\(\.\.\.\)"):
+        sapo.replace(surrogate="vespo")
+    with pytest.raises(ConfigError, match="takes no params"):
+        PolicyLossConfig(params=SoftGate())
 
 
 @pytest.mark.parametrize("name", ON_POLICY_AS_REINFORCE)
@@ -694,18 +721,7 @@ def test_low_precision_inputs_agree_with_float64_of_the_same_values(
     got, g_low = _grad(cfg, low)
     want, g = _grad(cfg, exact)
     eps = torch.finfo(dtype).eps
-    scale = (
-        float(
-            policy_loss(
-                cfg.replace(aggregation="token-sum", budget=None)
-                if cfg.surrogate.value != "gmpo"
-                else cfg,
-                **exact,
-            )
-            .token_loss.abs()
-            .max()
-        )
-        + 1.0
-    )
+    token_loss = policy_loss(cfg, **exact).token_loss
+    scale = 1.0 + float(token_loss[exact["response_mask"]].abs().max())
     assert abs(got - want) <= 64 * eps * scale
     assert torch.allclose(g_low.to(F64), g, rtol=64 * eps, atol=64 * eps * float(g.abs().max()))
