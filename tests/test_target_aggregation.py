@@ -176,3 +176,10 @@ def test_marker_generates_aggregation_items_and_goldens(pytester) -> None:
     assert "FAILED test_agg.py::by_padded_width[dr_grpo-padding-columns]" in out
     assert "dividing by the padded width" in out
     result.assert_outcomes(passed=len(CHECKS) + 1, failed=1)
+
+
+def test_report_snippet_runs_standalone(capsys) -> None:
+    result = _run(grpo_instead_of_dapo, "value", "dapo")
+    code = result.report.split("reproduce (standalone):", 1)[1].split("  replay", 1)[0]
+    exec(compile("\n".join(ln[4:] for ln in code.splitlines()), "snippet", "exec"), {})
+    assert "function:" in capsys.readouterr().out

@@ -317,3 +317,14 @@ def gspo_step(logprobs, old_logprobs, advantages, response_mask, global_rows, wo
 @pytest.mark.parametrize("check", SPLIT_CHECKS)
 def test_sequence_ratio_step_passes(check) -> None:
     assert _run(gspo_step, check, "gspo").passed
+
+
+def nan_step(logprobs, old_logprobs, advantages, response_mask, global_tokens, world_size):
+    return token_mean_step(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                           world_size) * float("nan")  # fmt: skip
+
+
+def test_non_finite_micro_batch_loss_is_a_verdict() -> None:
+    result = _run(nan_step, "full-batch")
+    assert not result.passed
+    assert "the function returned nan for rank 0 micro-batch 0" in result.message

@@ -171,6 +171,8 @@ def accumulate(
                 if g_opt is None:
                     raise Verdict(f"{where}: the returned loss does not depend on logprobs")
                 g, value = g_opt, float(loss.detach())
+                if not math.isfinite(value):
+                    raise Verdict(f"the function returned {value} for {where}, a valid input")
             index = torch.tensor(info.rows)
             grad[index, :width] += g.detach().to(torch.float64) / world
             total += value / world
