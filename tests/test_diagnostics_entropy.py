@@ -102,7 +102,7 @@ def test_bad_inputs_are_named() -> None:
     lp = _sample_logprobs(logits, g)
     bad = lp.clone()
     bad[0, 0] = 0.5
-    with pytest.raises(InputError, match=r"log-probabilities \(<= 0\).*positions \(0, 0\)"):
+    with pytest.raises(InputError, match=r"logprobs must be <= 0, got positive values at \(0, 0\)"):
         entropy_from_logprobs(logprobs=bad, response_mask=mask)
     nan = logits.clone()
     nan[1, 0, 3] = math.nan

@@ -9,8 +9,9 @@ tokens. Two estimators:
   of entropy), so by the tower rule the token mean is unbiased for ``H`` *when the tokens
   were sampled from the same policy that scores them* (on-policy). Off-policy (rollout
   engine != trainer, or after an update) it estimates the cross-entropy instead.
-- exact (``entropy_from_logits``): ``H_bt = sum_v entr(softmax(z_bt)_v)`` from the full
-  logits, valid on- or off-policy; ``-inf`` logits (masked vocabulary) contribute 0.
+- exact (``entropy_from_logits``): ``H_bt = -sum_v p_v log p_v``, ``p = softmax(z_bt)``,
+  from the full logits (``polgrad_reference.token_entropy``), valid on- or off-policy;
+  ``-inf`` logits (masked vocabulary) contribute 0.
 
 The standard error treats rows as the independent units (tokens within a response are
 dependent): ``Var(H_hat) = B/(B-1) * sum_b (S_b - H_hat L_b)^2 / N^2`` with ``S_b`` the
@@ -27,8 +28,9 @@ import math
 import torch
 
 from .. import _validate as v
-from ..errors import InputError, NumericalError
-from ._common import COMPUTE, DiagnosticResult, token_tensors
+from ..entropy import sampled_token_entropy, token_entropy
+from ..errors import InputError
+from ._common import COMPUTE, DiagnosticResult
 
 __all__ = ["EntropyEstimate", "entropy_from_logits", "entropy_from_logprobs"]
 
@@ -96,37 +98,35 @@ def entropy_from_logprobs(
     *, logprobs: torch.Tensor, response_mask: torch.Tensor
 ) -> EntropyEstimate:
     """Monte Carlo entropy ``mean(-logprobs)`` of the sampled tokens (valid on-policy only,
-    see the module docstring). ``logprobs`` are ``<= 0`` at response tokens."""
-    mask, t = token_tensors(response_mask, {"logprobs": logprobs})
-    lp = t["logprobs"]
-    bad = mask & (lp > 0)
-    if bool(bad.any()):
-        raise InputError(
-            "logprobs must be log-probabilities (<= 0) at response tokens, but are > 0 at "
-            f"positions {v.format_positions(bad)} (max {float(lp[bad].max()):.4g})"
-        )
-    return _estimate("sampled", -lp, mask)
+    see the module docstring); per token :func:`polgrad_reference.sampled_token_entropy`,
+    which rejects ``logprobs > 0``."""
+    h = sampled_token_entropy(logprobs=logprobs, response_mask=response_mask)
+    return _estimate("sampled", h.detach().to(COMPUTE), response_mask)
 
 
-def _explain_bad_logits(logits: torch.Tensor, bad: torch.Tensor) -> None:
-    """Slow path: name why the entropy is not finite at the ``bad`` ``[B, T]`` positions."""
-    nan = torch.isnan(logits).any(dim=-1) & bad
+def _explain_bad_logits(logits: torch.Tensor, mask: torch.Tensor) -> None:
+    """Slow path: name the bad ``[B, T]`` positions of the whole batch (a chunk's own
+    error would count rows from the chunk's start)."""
+    nan = torch.isnan(logits).any(dim=-1) & mask
     if bool(nan.any()):
         raise InputError(f"logits hold NaN at response positions {v.format_positions(nan)}")
-    pinf = (logits == math.inf).any(dim=-1) & bad
+    pinf = (logits == math.inf).any(dim=-1) & mask
     if bool(pinf.any()):
         raise InputError(f"logits hold +inf at response positions {v.format_positions(pinf)}")
-    raise InputError(
-        "every logit is -inf (no token has positive probability) at response positions "
-        f"{v.format_positions(bad)}"
-    )
+    dead = (logits == -math.inf).all(dim=-1) & mask
+    if bool(dead.any()):
+        raise InputError(
+            "every logit is -inf (no token has positive probability) at response positions "
+            f"{v.format_positions(dead)}"
+        )
 
 
 def entropy_from_logits(*, logits: torch.Tensor, response_mask: torch.Tensor) -> EntropyEstimate:
-    """Exact entropy of ``softmax(logits)`` at every response token, ``logits`` ``[B, T, V]``.
+    """Exact entropy of ``softmax(logits)`` at every response token, ``logits`` ``[B, T, V]``
+    (per token :func:`polgrad_reference.token_entropy`).
 
     Computed in float64 for float64 logits and in float32 otherwise (bfloat16/float16
-    inputs are upcast), in row chunks so the temporary stays below ``2^24`` elements.
+    inputs are upcast), in row chunks so the upcast copy stays below ``2^24`` elements.
     """
     z = v.require_float_tensor("logits", logits)
     mask = v.require_response_mask(response_mask)
@@ -140,12 +140,11 @@ def entropy_from_logits(*, logits: torch.Tensor, response_mask: torch.Tensor) ->
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // max(1, z.shape[1] * z.shape[2]))
     parts = []
     for start in range(0, z.shape[0], rows_per_chunk):
-        chunk = z[start : start + rows_per_chunk].detach().to(work)
-        parts.append(torch.special.entr(torch.softmax(chunk, dim=-1)).sum(dim=-1))
-    per_token = torch.cat(parts).to(COMPUTE)
-    bad = mask & ~torch.isfinite(per_token)
-    if bool(bad.any()):
-        _explain_bad_logits(z, bad)
-    if not bool(torch.isfinite(per_token[mask]).all()):  # pragma: no cover - defensive
-        raise NumericalError("the entropy is not finite although the logits are")
-    return _estimate("exact", torch.where(mask, per_token, 0.0), mask)
+        rows = slice(start, start + rows_per_chunk)
+        try:
+            h = token_entropy(logits=z[rows].detach().to(work), response_mask=mask[rows])
+        except InputError:
+            _explain_bad_logits(z, mask)
+            raise
+        parts.append(h.to(COMPUTE))
+    return _estimate("exact", torch.cat(parts), mask)
