@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean frameworks
+.PHONY: demo test lint bench clean frameworks docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,18 @@ $(FW_STAMP): pyproject.toml $(FW_DIR)/support.txt $(FW_DIR)/requirements.txt
 
 frameworks: $(FW_STAMP)
 	$(FW_PY) -m pytest tests/frameworks -n 2 -q -p no:cacheprovider --polgrad-max-examples=20
+
+# The documentation site: generated blocks checked first (a stale table or a claim naming
+# a missing test fails), then mkdocs --strict (a broken link or anchor fails).
+DOCS_STAMP := $(VENV)/.docs-installed
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) tools/generate_docs.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 bench: $(STAMP)
 	$(PY) bench/reference.py

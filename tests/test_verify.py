@@ -225,6 +225,13 @@ def test_k1_and_k3_gradients_as_a_loss_are_not_the_kl_gradient(estimator: str) -
     assert est.distance(BANDIT.kl_gradient(THETA)) > 10.0
 
 
+def test_k3_gradient_as_a_loss_is_the_forward_kl_gradient() -> None:
+    # E[d k3] = sum_a (pi_a - ref_a) d log pi_a = d KL(ref || pi) = pi - ref on the softmax.
+    est = kl_loss_gradient(BANDIT, THETA, KLEstimator.K3, samples=100_000, seed=3)
+    forward = torch.softmax(THETA, 0) - torch.softmax(BANDIT.ref_logits, 0)
+    assert est.distance(forward) < CLT
+
+
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_every_registry_algorithm_optimises_the_bandit(name: str) -> None:
     run = train(name, BANDIT, steps=150, seed=0)
@@ -266,4 +273,4 @@ def test_goldens_page_is_current() -> None:
     begin, end = "<!-- BEGIN generated: goldens -->\n", "<!-- END generated: goldens -->"
     assert begin in text and end in text, "docs/derivations/goldens.md lost its markers"
     block = text.split(begin, 1)[1].split(end, 1)[0]
-    assert block == goldens_markdown(), "regenerate: python -m polgrad_reference.verify"
+    assert block == goldens_markdown(), "regenerate: python tools/generate_docs.py"

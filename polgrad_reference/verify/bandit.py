@@ -124,7 +124,8 @@ def kl_loss_gradient(
     """Expected gradient of the KL estimator used as a loss, ``E_{a ~ pi}[d k(a) / d theta]``,
     on-policy. Compare with :meth:`SoftmaxBandit.kl_gradient`: k2 (and the "+" variants,
     which carry k2's gradient) match it; k1's expectation is 0 and k3's is
-    ``E[(1 - ref/pi) d log pi]`` = ``-d KL(ref || pi)``-like, not ``d KL(pi || ref)``."""
+    ``sum_a (pi_a - ref_a) d log pi_a``, the gradient of the forward ``KL(ref || pi)``
+    (``pi - ref`` on the softmax), not of ``KL(pi || ref)``."""
     if samples < 2:
         raise InputError(f"samples must be >= 2, got {samples}")
     g = torch.Generator().manual_seed(seed)

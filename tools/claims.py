@@ -1,0 +1,226 @@
+"""Every documented claim and the test node that enforces it: the one source of the claim
+tables in README.md and docs/index.md (rendered by ``tools/generate_docs.py``).
+
+``tests/test_claims.py`` checks that every claimed test exists and the tables are current;
+``tests/conftest.py`` fails a whole-suite run in which a claimed test did not pass.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """``text`` is enforced by every test node whose id is ``test`` (or ``test[...]``)."""
+
+    text: str
+    page: str
+    """The docs page (under docs/) that states and derives it."""
+    test: str
+    """``tests/file.py::function`` (all parametrizations) or a full node id."""
+    seed: bool = False
+    """One of the identities of the project's founding description (SEED.md)."""
+
+
+CLAIMS: tuple[Claim, ...] = (
+    # ------------------------------------------------------------- the seed's identities
+    Claim(
+        "aggregate(x, m, mode) equals sum_t w_t x_t with closed-form weights, bitwise, "
+        "including autograd",
+        "aggregation.md",
+        "tests/test_aggregate.py::test_gradient_is_the_weights_bitwise",
+        seed=True,
+    ),
+    Claim(
+        "micro-batch aggregation weights equal autograd of an explicit accumulation loop",
+        "aggregation.md",
+        "tests/test_aggregate.py::test_microbatch_weights_equal_autograd_of_an_accumulation_loop",
+        seed=True,
+    ),
+    Claim(
+        "E[k1] = E[k3] = KL(pi || ref) exactly on a categorical",
+        "kl.md",
+        "tests/test_kl.py::test_k1_and_k3_expectations_equal_kl_exactly",
+        seed=True,
+    ),
+    Claim(
+        "k2's bias is third order in the log-ratio, with the predicted coefficient",
+        "kl.md",
+        "tests/test_kl.py::test_k2_bias_is_third_order_with_the_predicted_coefficient",
+        seed=True,
+    ),
+    Claim(
+        "the k2-as-loss gradient equals the reverse-KL score-function surrogate's, bitwise, "
+        "for every aggregation",
+        "kl.md",
+        "tests/test_kl.py::test_k2_loss_gradient_equals_surrogate_gradient_bitwise",
+        seed=True,
+    ),
+    Claim(
+        "the k3-as-loss gradient is not grad KL: Monte Carlo, > 10 CLT tolerances away "
+        "(k1 likewise; k2 and the '+' estimators give it)",
+        "derivations/kl.md",
+        "tests/test_verify.py::test_k1_and_k3_gradients_as_a_loss_are_not_the_kl_gradient",
+        seed=True,
+    ),
+    Claim(
+        "k2 (and k1+/k3+/abs+, which carry k2's gradient) as a loss gives grad KL within "
+        "CLT tolerances on the softmax bandit",
+        "derivations/kl.md",
+        "tests/test_verify.py::test_k2_gradient_as_a_loss_is_the_kl_gradient",
+    ),
+    Claim(
+        "PG_CLIP, PG, REINFORCE and CISPO gradients coincide on-policy, bitwise",
+        "losses.md",
+        "tests/test_losses.py::test_on_policy_pg_clip_pg_reinforce_cispo_gradients_coincide_bitwise",
+        seed=True,
+    ),
+    Claim(
+        "GSPO-token's value equals GSPO-sequence's",
+        "losses.md",
+        "tests/test_losses.py::test_gspo_token_value_equals_gspo_and_gradients_agree_for_sequence_advantages",
+        seed=True,
+    ),
+    Claim(
+        "GSPO-token's gradient is token-local",
+        "losses.md",
+        "tests/test_losses.py::test_gspo_token_gradient_is_token_local",
+        seed=True,
+    ),
+    Claim(
+        "the clip zero-gradient region equals the autograd-zero tokens, including dual clip",
+        "losses.md",
+        "tests/test_losses.py::test_clip_region_equals_autograd_zero_tokens",
+        seed=True,
+    ),
+    Claim(
+        "RLOO's leave-one-out advantage equals (G/(G-1)) (r - mean)",
+        "advantages.md",
+        "tests/test_advantages.py::test_rloo_equals_scaled_centred_reward",
+        seed=True,
+    ),
+    Claim(
+        "importance ESS/n is exactly 1 on-policy",
+        "diagnostics.md",
+        "tests/test_diagnostics_ess.py::test_on_policy_ess_is_exactly_one",
+        seed=True,
+    ),
+    Claim(
+        "token ESS/n tends to exp(-sigma^2) under N(0, sigma^2) log-weight drift",
+        "diagnostics.md",
+        "tests/test_diagnostics_ess.py::test_token_ess_converges_to_exp_minus_sigma_squared",
+        seed=True,
+    ),
+    Claim(
+        "the entropy changepoint test has an exact permutation level <= alpha",
+        "diagnostics.md",
+        "tests/test_diagnostics_trend.py::test_level_is_exact_under_exchangeability",
+        seed=True,
+    ),
+    Claim(
+        "every registry algorithm optimises the softmax bandit to convergence",
+        "derivations/index.md",
+        "tests/test_verify.py::test_every_registry_algorithm_optimises_the_bandit",
+        seed=True,
+    ),
+    # --------------------------------------------------------------------- reference
+    Claim(
+        "fp64 gradcheck of every registry algorithm, stop-gradients frozen at the base "
+        "point, over batches that reach every clip region",
+        "derivations/index.md",
+        "tests/test_verify.py::test_gradcheck_every_registry_algorithm_on_ragged_batches",
+    ),
+    Claim(
+        "the gradcheck catches a wrong backward and a stop-gradient hidden in no_grad",
+        "derivations/index.md",
+        "tests/test_verify.py::test_gradcheck_catches_a_wrong_backward",
+    ),
+    Claim(
+        "the finite-difference formula check fails a wrong derivation and wrong code",
+        "derivations/index.md",
+        "tests/test_verify.py::test_formula_check_fails_a_wrong_derivation",
+    ),
+    Claim(
+        "the hand-derived golden cases hold to 1e-14",
+        "derivations/goldens.md",
+        "tests/test_verify.py::test_hand_derived_golden",
+    ),
+    Claim(
+        "the demo reproduces the seed's table (losses to 8 decimals, gradient masses to 5)",
+        "index.md",
+        "tests/test_example.py::test_table_numbers_match_the_seed",
+    ),
+    Claim(
+        "the clip report's killed set equals autograd's zero set",
+        "diagnostics.md",
+        "tests/test_diagnostics_clip.py::test_killed_set_equals_autograd_zero_set",
+    ),
+    Claim(
+        "the run monitor's false-alarm rate over 10,000 null steps is within its bound",
+        "diagnostics.md",
+        "tests/test_diagnostics_monitor.py::test_false_alarm_rate_over_10000_null_steps_is_within_the_bound",
+    ),
+    Claim(
+        "every bad input to the reference gets a named error",
+        "losses.md",
+        "tests/test_validation.py::test_malformed_inputs",
+    ),
+    # ------------------------------------------------------------------------- kit
+    Claim(
+        "ids and verdicts are identical serially and under -n 2",
+        "conformance.md",
+        "tests/test_conformance_plugin.py::test_ids_and_verdicts_identical_serial_and_xdist",
+    ),
+    Claim(
+        "loading the plugin does not import torch",
+        "conformance.md",
+        "tests/test_conformance_plugin.py::test_plugin_load_does_not_import_torch",
+    ),
+    Claim(
+        "the tolerance model: float32 inside passes with a note and fails strict",
+        "tolerance.md",
+        "tests/test_tolerance_model.py::test_float32_internal_passes_with_a_note_and_fails_strict",
+    ),
+    Claim(
+        "the diagnosis names an always-on dual clip, a missing stop-gradient and "
+        "unpublished constants with their marker line",
+        "conformance.md",
+        "tests/test_diagnose.py::test_always_on_dual_clip_is_named",
+    ),
+)
+
+
+def render(claims: tuple[Claim, ...], link_prefix: str) -> str:
+    """A Markdown table: claim | derivation | enforced by."""
+    rows = ["| claim | derivation | enforced by |", "|---|---|---|"]
+    for c in claims:
+        mark = " (seed)" if c.seed else ""
+        rows.append(f"| {c.text}{mark} | [{c.page}]({link_prefix}{c.page}) | `{c.test}` |")
+    return "\n".join(rows) + "\n"
+
+
+def missing_tests() -> list[str]:
+    """Claimed node ids whose file or test function does not exist (static check)."""
+    out = []
+    for claim in CLAIMS:
+        file, _, name = claim.test.partition("::")
+        func = name.split("[", 1)[0].split("::")[-1]
+        path = ROOT / file
+        if not path.is_file():
+            out.append(f"{claim.test}: no file {file}")
+            continue
+        tree = ast.parse(path.read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        if func not in names:
+            out.append(f"{claim.test}: no function {func} in {file}")
+    return out
+
+
+def claimed_by(nodeid: str) -> list[Claim]:
+    """The claims that node ``nodeid`` enforces."""
+    return [c for c in CLAIMS if nodeid == c.test or nodeid.startswith(c.test + "[")]
