@@ -14,7 +14,14 @@ import torch
 from syrupy.assertion import SnapshotAssertion
 from syrupy.location import PyTestLocation
 
-from polgrad_reference import ALGORITHMS, PolicyLossConfig, policy_loss
+from polgrad_reference import (
+    ALGORITHMS,
+    ClipConfig,
+    ISCorrection,
+    KLConfig,
+    PolicyLossConfig,
+    policy_loss,
+)
 from pytest_polgrad.corpus import CORPUS_VERSION, canonical_corpus
 from pytest_polgrad.oracle import Oracle
 from pytest_polgrad.snapshot import (
@@ -72,6 +79,34 @@ def test_reference_golden(snapshot: SnapshotAssertion, algorithm: str, advantage
     assert snapshot.use_extension(ReferenceGoldens) == golden
 
 
+_GRPO = ALGORITHMS["grpo"].loss
+VARIANTS: dict[str, PolicyLossConfig] = {
+    # framework modes that are configs rather than registry entries (docs/losses.md, kl.md)
+    "verl-cispo-two-sided": ALGORITHMS["cispo"].loss.replace(clip=ClipConfig(0.2, 0.28)),
+    "verl-k3-plus": _GRPO.replace(kl=KLConfig(estimator="k3+", coef=0.04)),
+    "trl-k3-ratio-weighted": _GRPO.replace(
+        kl=KLConfig(estimator="k3", coef=0.04, ratio_weight="undetached")
+    ),
+    "openrlhf-k3-unbiased-gradient": _GRPO.replace(
+        kl=KLConfig(estimator="k3+", coef=0.04, ratio_weight="gradient", ratio_cap=10.0)
+    ),
+    "openrlhf-seq-mask-is": _GRPO.replace(
+        kl=None,
+        is_correction=ISCorrection(
+            level="geometric", mode="zero", low=0.5, high=5.0, weight="token"
+        ),
+    ),
+    "openrlhf-clip-is": _GRPO.replace(kl=None, is_correction=ISCorrection(low=0.5, cap=5.0)),
+}
+
+
+@pytest.mark.parametrize("advantages", ["sequence", "token"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_variant_golden(snapshot: SnapshotAssertion, variant: str, advantages: str) -> None:
+    golden = reference_golden(VARIANTS[variant], advantages)
+    assert snapshot.use_extension(ReferenceGoldens) == golden
+
+
 def _stored(algorithm: str) -> str:
     return (SNAPSHOTS / "test_reference_goldens" / f"{_name(algorithm)}.polgrad").read_text()
 
@@ -91,6 +126,8 @@ def test_reference_goldens_cover_every_algorithm_and_entry() -> None:
         f"test_reference_golden[{a}-{adv}].polgrad"
         for a in ALGORITHMS
         for adv in ("sequence", "token")
+    } | {
+        f"test_variant_golden[{v}-{adv}].polgrad" for v in VARIANTS for adv in ("sequence", "token")
     }
     doc = parse(_stored("dapo"))
     assert doc.corpus == CORPUS_VERSION
