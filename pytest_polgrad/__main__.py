@@ -1,60 +1,91 @@
 """Command line: ``python -m pytest_polgrad which path/to/test_file.py::function``.
 
 Prints which registered semantics a loss function implements, by evaluating it on the
-canonical corpus and ranking every point of the loss algebra (see ``diagnose``).
+canonical corpus and ranking every point of the loss algebra (see ``diagnose``). Every
+problem (a bad spec, a module that does not import, a bad marker, a function the kit
+cannot call) is one line on stderr and exit status 2; a function that raises on the corpus
+exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+__all__ = ["UsageProblem", "load_function", "main", "which"]
+
+PROG = "python -m pytest_polgrad"
+
+
+class UsageProblem(Exception):
+    """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+def _import_failure(where: str, exc: BaseException) -> UsageProblem:
+    if isinstance(exc, SyntaxError):
+        return UsageProblem(f"{where} has a syntax error: {exc.msg} (line {exc.lineno})")
+    last = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return UsageProblem(f"importing {where} raised {last}")
 
 
 def load_function(spec: str) -> Callable[..., Any]:
-    """Import ``path/to/file.py::name`` (or ``package.module::name``) and return the object."""
-    if "::" not in spec:
-        raise SystemExit(f"expected path/to/file.py::function, got {spec!r}")
-    where, name = spec.split("::", 1)
+    """Import ``path/to/file.py::name`` (or ``package.module::name``) and return the
+    callable (taken from the marker for ``name = pytest.mark.polgrad_conforms(...)(obj)``)."""
+    where, sep, name = spec.partition("::")
+    if not sep or not where.strip() or not name.strip():
+        raise UsageProblem(f"expected path/to/file.py::function or module::function, got {spec!r}")
     path = Path(where)
-    if path.suffix == ".py":
-        if not path.is_file():
-            raise SystemExit(f"no such file: {where}")
-        sys.path.insert(0, str(path.parent.resolve()))
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert module_spec is not None and module_spec.loader is not None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[path.stem] = module
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    try:
+        if path.suffix == ".py":
+            if not path.is_file():
+                raise UsageProblem(f"no such file: {where}")
+            sys.path.insert(0, str(path.parent.resolve()))
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if module_spec is None or module_spec.loader is None:
+                raise UsageProblem(f"cannot import {where} as a Python module")
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[path.stem] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except UsageProblem:
+        raise
+    except (Exception, SystemExit) as exc:
+        raise _import_failure(where, exc) from None
     try:
         fn = getattr(module, name)
     except AttributeError:
-        raise SystemExit(f"{where} has no attribute {name!r}") from None
+        from .options import did_you_mean
+
+        raise UsageProblem(
+            f"{where} has no attribute {name!r}{did_you_mean(name, dir(module))}"
+        ) from None
+    import pytest
+
+    if isinstance(fn, pytest.MarkDecorator) and len(fn.args) == 2 and callable(fn.args[1]):
+        fn.args[1].pytestmark = [pytest.mark.polgrad_conforms(fn.args[0], **fn.kwargs).mark]
+        fn = fn.args[1]
     if not callable(fn):
-        raise SystemExit(f"{spec} is not callable")
+        raise UsageProblem(f"{spec} is {type(fn).__name__}, not a function")
     return fn  # type: ignore[no-any-return]
 
 
-def which(fn: Callable[..., Any], options: Any, *, top: int) -> str:
-    """A readable ranking of the semantics closest to ``fn``."""
+def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = None) -> str:
+    """A readable ranking of the semantics closest to ``fn``; raises ``Verdict`` when
+    ``fn`` cannot be evaluated on the canonical corpus."""
     from .diagnose import diagnose
     from .engine import build_context
-    from .target import Verdict
 
-    ctx = build_context(fn, options)
-    try:
-        matches = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=top)
-    except Verdict as exc:
-        return f"{ctx.fut.name}: cannot be evaluated: {exc}"
+    ctx = build_context(fn, options, name=name)
+    matches = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=top)
     lines = [
-        f"{ctx.fut.name} on the canonical corpus ({options.dtype}, {options.advantages} "
+        f"{ctx.name} on the canonical corpus ({options.dtype}, {options.advantages} "
         f"advantages, {options.layout} layout), around {options.reference_id!r}:"
     ]
     for m in matches:
@@ -71,16 +102,29 @@ def _options(fn: Callable[..., Any], args: argparse.Namespace) -> Any:
 
     marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "polgrad_conforms"]
     reference, kwargs = ("grpo", {}) if not marks else (marks[0].args[0], dict(marks[0].kwargs))
-    kwargs.pop("expect", None)
-    kwargs.pop("checks", None)
+    for ignored in ("expect", "checks", "max_examples"):
+        kwargs.pop(ignored, None)
     for flag in ("advantages", "dtype", "layout"):
         if getattr(args, flag) is not None:
             kwargs[flag] = getattr(args, flag)
-    return parse_marker((args.around or reference,), kwargs)
+    options = parse_marker((args.around or reference,), kwargs)
+    if options.kind != "policy_loss":
+        raise UsageProblem(f"which ranks policy losses; the marker names kind={options.kind!r}")
+    return options
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_polgrad")
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG)
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("which", help="which registered semantics does a loss implement?")
     w.add_argument("function", help="path/to/test_file.py::function")
@@ -93,10 +137,37 @@ def main(argv: list[str] | None = None) -> int:
         help="registry entry whose settings seed the candidate space (default: the "
         "function's marker reference, else grpo)",
     )
-    w.add_argument("--top", type=int, default=5)
-    args = parser.parse_args(argv)
-    fn = load_function(args.function)
-    print(which(fn, _options(fn, args), top=args.top))
+    w.add_argument("--top", type=_positive, default=5, help="rows to print (default 5)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .target import Verdict
+
+    def fail(message: str, code: int = 2) -> int:
+        print(f"{PROG} which: {message}", file=sys.stderr)
+        return code
+
+    try:
+        fn = load_function(args.function)
+        options = _options(fn, args)
+        name = args.function.partition("::")[2]
+        from .collect import reference_hint
+        from .engine import build_context
+
+        try:
+            build_context(fn, options, name=name)
+        except (AssertionError, ValueError, TypeError) as exc:
+            return fail(f"cannot check {name}: {exc}{reference_hint(options, str(exc))}")
+        try:
+            print(which(fn, options, top=args.top, name=name))
+        except Verdict as exc:
+            return fail(f"{name} cannot be evaluated on the canonical corpus: {exc}", 1)
+    except UsageProblem as exc:
+        return fail(str(exc))
+    except ValueError as exc:  # MarkerError: a bad marker option
+        return fail(f"invalid marker or option: {exc}")
     return 0
 
 

@@ -3,27 +3,38 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from .engine import CheckResult, applicable_checks, build_context, resolve_config, run_check
-from .options import parse_marker
+from .engine import CheckResult, build_context, resolve_config, run_check
+from .options import MarkerError, parse_marker
 
 __all__ = ["ConformanceError", "ConformanceReport", "assert_conforms"]
 
 
 @dataclasses.dataclass(frozen=True)
 class ConformanceReport:
-    """Every check's result for one function against one reference."""
+    """Every check's result for one function against one reference.
+
+    ``expected`` maps declared checks to their reason; ``unexcused`` maps a declared check
+    whose failure the declaration does not excuse (a crash, a non-finite result, a
+    deviation beyond its declared bound) to why.
+    """
 
     function: str
     reference: str
     results: tuple[CheckResult, ...]
     expected: dict[str, str]
+    kind: str = "policy_loss"
+    unexcused: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def unexpected_failures(self) -> list[CheckResult]:
-        return [r for r in self.results if not r.passed and r.check not in self.expected]
+        return [
+            r
+            for r in self.results
+            if not r.passed and (r.check not in self.expected or r.check in self.unexcused)
+        ]
 
     @property
     def stale_expectations(self) -> list[CheckResult]:
@@ -34,23 +45,23 @@ class ConformanceReport:
     def ok(self) -> bool:
         return not self.unexpected_failures and not self.stale_expectations
 
+    def _status(self, r: CheckResult) -> str:
+        if r.passed:
+            return (
+                "passed" if r.check not in self.expected else "PASSED (declared as known deviation)"
+            )
+        if r.check in self.unexcused:
+            return "FAILED (declared, but not excused: " + self.unexcused[r.check] + ")"
+        if r.check in self.expected:
+            return "expected failure: " + self.expected[r.check]
+        return "FAILED"
+
     def summary(self) -> str:
-        lines = [f"{self.function} against {self.reference!r}:"]
+        lines = [f"{self.function} against {self.reference!r} ({self.kind}):"]
         for r in self.results:
-            if r.passed:
-                status = (
-                    "passed"
-                    if r.check not in self.expected
-                    else "PASSED (declared as known deviation)"
-                )
-            else:
-                status = (
-                    "expected failure: " + self.expected[r.check]
-                    if r.check in self.expected
-                    else "FAILED"
-                )
             lines.append(
-                f"  {r.check:<18} {status}  ({r.examples} examples, worst {r.worst:.3g} tol)"
+                f"  {r.check:<18} {self._status(r)}  ({r.examples} examples, worst "
+                f"{r.worst:.3g} tol)"
             )
         return "\n".join(lines)
 
@@ -81,31 +92,44 @@ def assert_conforms(
     *,
     max_examples: int | None = None,
     seed: int = 0,
+    name: str | None = None,
     **options: Any,
 ) -> ConformanceReport:
     """Run every applicable check of ``fn`` against ``reference`` (a registry name or a
-    ``PolicyLossConfig``) with the marker's options; raise :class:`ConformanceError` on an
-    undeclared failure or a stale ``expect=`` entry, return the report otherwise."""
+    config of the kind, ``kind="policy_loss"`` by default) with the marker's options;
+    raise :class:`ConformanceError` on an undeclared failure, a declared one that
+    ``expect=`` does not excuse (docs/conformance.md) or a stale ``expect=`` entry, and
+    return the report otherwise. ``name`` is the function's name in reports."""
+    from .collect import checks_for_options
+    from .expect import judge
+
     opts = parse_marker((reference,), {**options, "max_examples": max_examples})
-    budget = opts.max_examples or 100
-    checks = applicable_checks(resolve_config(opts), opts)
-    stray = set(opts.expect) - set(checks)
-    if not checks or stray:
-        raise ValueError(
-            f"assert_conforms runs the checks {checks} for these options (golden needs "
-            f"pytest); expect= names {sorted(stray)} which do not run"
-            if stray
-            else f"no check runs for checks={opts.checks!r} (golden runs only under pytest)"
+    if "golden" in opts.expect:
+        raise MarkerError("expect= names 'golden', which runs only under pytest (a snapshot)")
+    checks = [c for c in checks_for_options(opts, resolve_config(opts)) if c != "golden"]
+    if not checks:
+        raise MarkerError(
+            f"no check runs for checks={opts.checks!r} (golden runs only under pytest)"
         )
-    results = tuple(
-        run_check(build_context(fn, opts), check, max_examples=budget, base_seed=seed)
-        for check in checks
-    )
+    label = name if name is not None else str(getattr(fn, "__qualname__", repr(fn)))
+    budget = opts.max_examples or 100
+    results = []
+    unexcused: dict[str, str] = {}
+    for check in checks:
+        ctx = build_context(fn, opts, name=label)
+        result = run_check(ctx, check, max_examples=budget, base_seed=seed)
+        if not result.passed and check in opts.expect:
+            verdict = judge(ctx, result)
+            if not verdict.excused:
+                unexcused[check] = verdict.problem
+        results.append(result)
     report = ConformanceReport(
-        function=getattr(fn, "__qualname__", repr(fn)),
+        function=label,
         reference=opts.reference_id,
-        results=results,
+        results=tuple(results),
         expected=dict(opts.expect),
+        kind=opts.kind,
+        unexcused=unexcused,
     )
     if not report.ok:
         raise ConformanceError(report)

@@ -7,6 +7,7 @@ The item is a plain pytest function taking syrupy's ``snapshot`` fixture, so
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,12 @@ import torch
 from syrupy.assertion import SnapshotAssertion
 
 from .corpus import CORPUS_VERSION, canonical_corpus
-from .engine import build_context
+from .engine import build_context, kind_of
 from .options import ConformanceOptions
-from .snapshot import RETAIN, EntryScale, PolgradSnapshotExtension, Tolerant
+from .snapshot import RETAIN, EntryScale, PolgradSnapshotExtension, Tolerant, write_error
 from .target import Verdict
 
-__all__ = ["golden_data", "golden_test"]
+__all__ = ["GoldenMismatch", "golden_data", "golden_test"]
 
 
 def _own_scale(values: torch.Tensor) -> torch.Tensor:
@@ -57,44 +58,70 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
     return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
 
 
-def _stored(snapshot: SnapshotAssertion) -> bool:
-    location = snapshot.extension.get_location(
-        test_location=snapshot.test_location, index=snapshot.index
+def _location(snapshot: SnapshotAssertion) -> str:
+    return str(
+        snapshot.extension.get_location(test_location=snapshot.test_location, index=snapshot.index)
     )
-    return Path(location).is_file()
 
 
-def golden_test(fn: Callable[..., Any], options: ConformanceOptions) -> Callable[..., None]:
-    """The test function of ``fn[<reference>-golden]``; it takes syrupy's ``snapshot``."""
-    label = f"{getattr(fn, '__qualname__', fn)} (reference {options.reference_id})"
+class GoldenMismatch(pytest.fail.Exception):  # type: ignore[misc,name-defined]
+    """The golden snapshot differs from the function's outputs: the only golden failure a
+    declared ``expect={"golden": ...}`` excuses (never a function that cannot be evaluated,
+    a missing snapshot or a failed write)."""
 
-    def golden(snapshot: SnapshotAssertion) -> None:
+
+def _note(request: pytest.FixtureRequest, **fields: object) -> None:
+    """Add fields to the item's polgrad entry (for the summary and the JSON report)."""
+    props = request.node.user_properties
+    for i, (key, value) in enumerate(props):
+        if key == "polgrad":
+            props[i] = (key, json.dumps({**json.loads(str(value)), **fields}))
+
+
+def golden_test(
+    fn: Callable[..., Any], options: ConformanceOptions, *, name: str | None = None
+) -> Callable[..., None]:
+    """The test function of ``fn[<reference>-golden]``; it takes syrupy's ``snapshot``.
+    ``name`` is the name pytest collected the function under (reports use it)."""
+    shown = name if name is not None else str(getattr(fn, "__qualname__", fn))
+    label = f"{shown} (reference {options.reference_id})"
+
+    def golden(snapshot: SnapshotAssertion, request: pytest.FixtureRequest) -> None:
         snap = snapshot.use_extension(PolgradSnapshotExtension)
-        stored = _stored(snap)
+        location = _location(snap)
+        stored = Path(location).is_file()
+        problem = ""
         try:
-            data: Tolerant | None = golden_data(fn, options)
+            ctx = build_context(fn, options, name=shown)
+            data: Tolerant | None = kind_of(options).golden(ctx)
         except Verdict as exc:
             data, problem = None, str(exc)
         if data is None:
             if stored:
                 _ = snap == RETAIN  # keep the stored golden: this failure is not a new value
+            _note(request, match="cannot be evaluated")
             pytest.fail(f"golden: {label} could not be evaluated {problem}", pytrace=False)
         if snap != data:
+            failed_write = write_error(location)
+            if failed_write:
+                pytest.fail(f"golden: {label}: {failed_write}", pytrace=False)
             if not stored:
+                _note(request, golden="missing", match="golden not recorded yet")
                 pytest.fail(
-                    f"no golden snapshot of {label} is recorded yet: review the function, then "
-                    "record it with `pytest --snapshot-update` and commit the new file",
+                    f"no golden snapshot of {label} is recorded yet (see the polgrad summary: "
+                    "review the function, run pytest --snapshot-update, commit the file)",
                     pytrace=False,
                 )
             diff = "\n".join(snap.get_assert_diff())
-            pytest.fail(
+            raise GoldenMismatch(
                 f"golden snapshot of {label} does not match its outputs on the canonical corpus "
                 f"(keys read <batch>/<loss|grad>[b,t]):\n{diff}",
                 pytrace=False,
             )
 
-    golden.__name__ = getattr(fn, "__name__", "golden")
-    golden.__qualname__ = getattr(fn, "__qualname__", golden.__name__)
+    attribute = name.split("[", 1)[0] if name else getattr(fn, "__name__", "golden")
+    golden.__name__ = attribute
+    golden.__qualname__ = attribute
     golden.__module__ = getattr(fn, "__module__", __name__)
     golden.__doc__ = f"Golden snapshot of {label} on the canonical corpus."
     return golden

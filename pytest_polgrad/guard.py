@@ -64,12 +64,12 @@ class SnapshotGuard:
 
     def incomplete(self, session: pytest.Session, exitstatus: int | pytest.ExitCode) -> str:
         """Why the session did not run every selected item to completion ("" if it did)."""
-        if exitstatus == pytest.ExitCode.INTERRUPTED:
-            return "the session was interrupted"
-        if self.crashed:
-            return f"{self.crashed} xdist worker crash(es)"
         if self.collection_errors:
             return f"{self.collection_errors} collection error(s)"
+        if self.crashed:
+            return f"{self.crashed} xdist worker crash(es)"
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            return "the session was interrupted"
         if session.shouldstop or session.shouldfail:
             return f"the session stopped early ({session.shouldstop or session.shouldfail})"
         missing = self.selected - self.done - self.failed

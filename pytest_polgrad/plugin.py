@@ -8,14 +8,17 @@ marked function is collected or a polgrad fixture is used.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .options import PROFILES, ConformanceOptions, MarkerError, parse_marker
+from .collect import Target, targets
+from .options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
 
 MARKER = "polgrad_conforms"
 DEFAULT_SEED = 0
@@ -58,108 +61,207 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# --------------------------------------------------------------------------- settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The session's polgrad settings, validated once at startup (``pytest_configure``)."""
+
+    cli_examples: int | None
+    """``--polgrad-max-examples``, else the budget of ``--polgrad-profile`` (beats markers)."""
+    ini_examples: int | None
+    """ini ``polgrad_max_examples``, else the budget of ini ``polgrad_profile``."""
+    seed: int
+    report: Path | None
+
+    def max_examples(self, options: ConformanceOptions) -> int:
+        """Command line (examples, then profile) > marker > ini (examples, then profile)
+        > the default profile's 100."""
+        for value in (self.cli_examples, options.max_examples, self.ini_examples):
+            if value is not None:
+                return value
+        return PROFILES["default"]
+
+
+_SETTINGS = pytest.StashKey[Settings]()
+
+
+def _positive(name: str, value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise pytest.UsageError(f"{name} must be a positive number of examples, got {value}")
+    return value
+
+
+def _ini_int(config: pytest.Config, ini: str) -> int | None:
+    raw = config.getini(ini)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        raise pytest.UsageError(f"ini option {ini} must be an integer, got {raw!r}") from None
+
+
+def _profile(name: object, where: str) -> int | None:
+    if name in (None, ""):
+        return None
+    if name not in PROFILES:
+        raise pytest.UsageError(
+            f"{where} must be one of {', '.join(map(repr, PROFILES))}, got {name!r}"
+            + did_you_mean(name, PROFILES)
+        )
+    return PROFILES[str(name)]
+
+
+def _report_path(raw: object) -> Path | None:
+    if not raw:
+        return None
+    path = Path(str(raw))
+    if path.is_dir():
+        raise pytest.UsageError(
+            f"--polgrad-report names a directory ({path}); give a file, e.g. "
+            f"--polgrad-report={path / 'polgrad.json'}"
+        )
+    if not path.parent.is_dir():
+        raise pytest.UsageError(
+            f"--polgrad-report={raw}: the directory {path.parent} does not exist; create it "
+            "or give another path"
+        )
+    return path
+
+
+def read_settings(config: pytest.Config) -> Settings:
+    """Validate every polgrad option and ini value: one usage error, before any test."""
+    cli = _positive("--polgrad-max-examples", config.getoption("--polgrad-max-examples"))
+    if cli is None:
+        cli = _profile(config.getoption("--polgrad-profile"), "--polgrad-profile")
+    ini = _positive("ini option polgrad_max_examples", _ini_int(config, "polgrad_max_examples"))
+    profile = _profile(config.getini("polgrad_profile"), "ini option polgrad_profile")
+    seed = config.getoption("--polgrad-seed")
+    if seed is None:
+        seed = _ini_int(config, "polgrad_seed")
+    return Settings(
+        cli_examples=cli,
+        ini_examples=ini if ini is not None else profile,
+        seed=DEFAULT_SEED if seed is None else int(seed),
+        report=_report_path(config.getoption("--polgrad-report")),
+    )
+
+
+def settings(config: pytest.Config) -> Settings:
+    """The validated settings (read at startup; read again for a config made elsewhere)."""
+    if _SETTINGS not in config.stash:
+        config.stash[_SETTINGS] = read_settings(config)
+    return config.stash[_SETTINGS]
+
+
+def max_examples(config: pytest.Config, options: ConformanceOptions) -> int:
+    """The example budget of one check (see :meth:`Settings.max_examples`)."""
+    return settings(config).max_examples(options)
+
+
+def base_seed(config: pytest.Config) -> int:
+    return settings(config).seed
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(reference, **options): check the marked loss function against the "
         "named polgrad reference semantics (see pytest-polgrad docs)",
     )
+    config.stash[_SETTINGS] = read_settings(config)
     config.pluginmanager.register(Reporter(config), "polgrad-reporter")
     from .guard import SnapshotGuard
 
     config.pluginmanager.register(SnapshotGuard(config), "polgrad-snapshot-guard")
 
 
-def _int_setting(config: pytest.Config, option: str, ini: str) -> int | None:
-    value = config.getoption(option)
-    if value is None:
-        raw = config.getini(ini)
-        if raw in (None, ""):
-            return None
-        try:
-            value = int(str(raw))
-        except ValueError:
-            raise pytest.UsageError(f"ini option {ini} must be an integer, got {raw!r}") from None
-    return int(value)
-
-
-def _profile_budget(config: pytest.Config, source: str) -> int | None:
-    name = (
-        config.getoption("--polgrad-profile")
-        if source == "cli"
-        else config.getini("polgrad_profile")
-    )
-    if name in (None, ""):
-        return None
-    if name not in PROFILES:
-        raise pytest.UsageError(f"polgrad_profile must be one of {sorted(PROFILES)}, got {name!r}")
-    return PROFILES[str(name)]
-
-
-def max_examples(config: pytest.Config, options: ConformanceOptions) -> int:
-    """Command line (examples, then profile) > marker > ini (examples, then profile) > 100."""
-    for value in (
-        config.getoption("--polgrad-max-examples"),
-        _profile_budget(config, "cli"),
-        options.max_examples,
-        _int_setting(config, "--polgrad-max-examples", "polgrad_max_examples"),
-        _profile_budget(config, "ini"),
-    ):
-        if value is not None:
-            if value < 1:
-                raise pytest.UsageError(f"polgrad max examples must be >= 1, got {value}")
-            return int(value)
-    return PROFILES["default"]
-
-
-def base_seed(config: pytest.Config) -> int:
-    value = _int_setting(config, "--polgrad-seed", "polgrad_seed")
-    return DEFAULT_SEED if value is None else value
+# --------------------------------------------------------------------------- items
 
 
 class ConformanceFailure(AssertionError):
     """A polgrad check failed; its message is the full report."""
 
 
+def _entry(target: Target, check: str, fields: dict[str, Any] | None = None) -> tuple[str, str]:
+    """The ``user_properties`` entry an item reports (provisional until it runs, so the
+    summary still counts an item that ends without a result)."""
+    entry = {
+        "function": target.label,
+        "kind": target.options.kind,
+        "reference": target.options.reference_id,
+        "check": check,
+        "checks": list(target.checks),
+        "worst": None,
+        "examples": 0,
+        "match": "",
+        "diagnosis": "",
+        **(fields or {}),
+        "function": target.label,
+    }
+    return "polgrad", json.dumps(entry)
+
+
+def set_entry(item: pytest.Item, entry: tuple[str, str]) -> None:
+    item.user_properties[:] = [p for p in item.user_properties if p[0] != "polgrad"]
+    item.user_properties.append(entry)
+
+
 class PolgradItem(pytest.Item):
     """One check of one marked function: ``fn[<reference>-<check>]``."""
 
-    def __init__(
-        self,
-        *,
-        fn: Callable[..., Any],
-        options: ConformanceOptions,
-        check: str,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, target: Target, check: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.fn = fn
-        self.options = options
+        self.target = target
+        self.fn = target.fn
+        self.options = target.options
         self.check = check
 
     def runtest(self) -> None:
         from .engine import build_context, run_check
+        from .expect import judge, pin_hint
 
-        config = self.config
-        seed, budget = base_seed(config), max_examples(config, self.options)
+        s = settings(self.config)
+        budget = s.max_examples(self.options)
         replay = (
-            f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={seed} "
+            f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={s.seed} "
             f"--polgrad-max-examples={budget}"
         )
-        ctx = build_context(self.fn, self.options)
-        result = run_check(ctx, self.check, max_examples=budget, base_seed=seed, replay=replay)
-        self.user_properties[:] = [p for p in self.user_properties if p[0] != "polgrad"]
-        self.user_properties.append(("polgrad", json.dumps(result.as_dict())))
+        ctx = build_context(self.fn, self.options, name=self.target.label)
+        result = run_check(ctx, self.check, max_examples=budget, base_seed=s.seed, replay=replay)
+        data = {**result.as_dict(), "function": self.target.label}
         reason = self.options.expect.get(self.check)
         if result.passed and reason is not None:
+            set_entry(self, _entry(self.target, self.check, {**data, "stale": True}))
             raise ConformanceFailure(
-                f"{result.function}: check {self.check!r} was declared as a known deviation "
+                f"{self.target.label}: check {self.check!r} was declared as a known deviation "
                 f"({reason!r}) but it now passes; remove it from expect= on the marker"
             )
-        if not result.passed:
-            if reason is not None:
-                pytest.xfail(f"known deviation: {reason}")
+        if result.passed:
+            set_entry(self, _entry(self.target, self.check, data))
+            return
+        if reason is None:
+            set_entry(self, _entry(self.target, self.check, data))
             raise ConformanceFailure(result.report)
+        verdict = judge(ctx, result)
+        declared = {
+            "reason": reason,
+            "excused": verdict.excused,
+            "measured": verdict.measured if math.isfinite(verdict.measured) else None,
+        }
+        set_entry(self, _entry(self.target, self.check, {**data, "declared": declared}))
+        if verdict.excused:
+            hint = ""
+            if self.check not in self.options.expect_bounds:
+                hint = pin_hint(self.check, reason, verdict.measured)
+            pytest.xfail(f"known deviation: {reason}" + (f" ({hint})" if hint else ""))
+        raise ConformanceFailure(
+            f"{self.target.label}: check {self.check!r} is declared as a known deviation "
+            f"({reason!r}), but expect= does not excuse this failure: {verdict.problem}\n\n"
+            f"{result.report}"
+        )
 
     def repr_failure(
         self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
@@ -172,44 +274,29 @@ class PolgradItem(pytest.Item):
         return self.path, None, self.name
 
 
-def _provisional(fn: object, reference: str, check: str) -> tuple[str, str]:
-    """The entry an item reports when it ends without a result (a golden item, an error
-    inside the kit), so that the summary table still counts it."""
-    entry = {
-        "function": getattr(fn, "__qualname__", repr(fn)),
-        "reference": reference,
-        "check": check,
-        "worst": None,
-        "examples": 0,
-        "match": "",
-        "diagnosis": "",
-    }
-    return "polgrad", json.dumps(entry)
-
-
-def _golden_item(
-    collector: pytest.Module | pytest.Class,
-    name: str,
-    fn: Callable[..., Any],
-    options: ConformanceOptions,
-) -> pytest.Function:
+def _golden_item(collector: pytest.Module | pytest.Class, target: Target) -> pytest.Function:
     """The ``golden`` check: a real pytest function using syrupy's ``snapshot`` fixture,
     so ``--snapshot-update``, unused-snapshot reports and xdist locking all apply."""
-    from .golden import golden_test
+    from .golden import GoldenMismatch, golden_test
 
     item = pytest.Function.from_parent(
         collector,
-        name=f"{name}[{options.reference_id}-golden]",
-        callobj=golden_test(fn, options),
+        name=target.item_name("golden"),
+        callobj=golden_test(target.fn, target.options, name=target.label),
     )
     config = collector.config
     if not config.pluginmanager.hasplugin("syrupy"):
         item.add_marker(pytest.mark.skip(reason="golden checks need syrupy (-p no:syrupy given)"))
-    reason = options.expect.get("golden")
+    reason = target.options.expect.get("golden")
     if reason is not None:
-        # Strict, except while snapshots are being updated (the update makes it pass).
+        # Strict, except while snapshots are being updated (the update makes it pass); only
+        # a snapshot mismatch is excused, never a function that cannot be evaluated.
         updating = bool(config.getoption("--snapshot-update", default=False))
-        item.add_marker(pytest.mark.xfail(reason=f"known deviation: {reason}", strict=not updating))
+        item.add_marker(
+            pytest.mark.xfail(
+                reason=f"known deviation: {reason}", strict=not updating, raises=GoldenMismatch
+            )
+        )
     return item
 
 
@@ -217,55 +304,30 @@ def _golden_item(
 def pytest_pycollect_makeitem(
     collector: pytest.Module | pytest.Class, name: str, obj: object
 ) -> list[pytest.Item] | None:
-    marks = [m for m in getattr(obj, "pytestmark", []) if getattr(m, "name", None) == MARKER]
-    if not marks or not callable(obj) or isinstance(obj, type):
+    try:
+        found = targets(collector, name, obj)
+    except MarkerError as exc:
+        raise collector.CollectError(f"{name}: invalid @pytest.mark.{MARKER}: {exc}") from exc
+    if found is None:
         return None
-    from .engine import applicable_checks, resolve_config
-
     items: list[pytest.Item] = []
-    seen: set[str] = set()
-    for mark in marks:
-        try:
-            options = parse_marker(mark.args, mark.kwargs)
-            cfg = resolve_config(options)
-        except (MarkerError, ValueError, TypeError) as exc:
-            raise collector.CollectError(f"{name}: invalid @pytest.mark.{MARKER}: {exc}") from exc
-        if options.reference_id in seen:
-            raise collector.CollectError(
-                f"{name}: two {MARKER} markers share the id {options.reference_id!r}; "
-                "give one of them id='...'"
-            )
-        seen.add(options.reference_id)
-        running = applicable_checks(cfg, options)
-        if options.checks is None or "golden" in options.checks:
-            running.append("golden")
-        stray = set(options.expect) - set(running)
-        if stray or not running:
-            raise collector.CollectError(
-                f"{name}: expect= names check(s) {sorted(stray)} that do not run for this "
-                f"reference and options (running: {running})"
-                if stray
-                else f"{name}: no polgrad check applies ({options.checks=})"
-            )
-        for check in running:
+    for target in found:
+        for check in target.checks:
             item: pytest.Item
             if check == "golden":
-                item = _golden_item(collector, name, obj, options)
+                item = _golden_item(collector, target)
             else:
                 item = PolgradItem.from_parent(
-                    collector,
-                    name=f"{name}[{options.reference_id}-{check}]",
-                    fn=obj,
-                    options=options,
-                    check=check,
+                    collector, name=target.item_name(check), target=target, check=check
                 )
-            item.user_properties.append(_provisional(obj, options.reference_id, check))
+            item.user_properties.append(_entry(target, check))
+            for mark in target.marks:
+                item.add_marker(getattr(pytest.mark, mark.name)(*mark.args, **mark.kwargs))
             items.append(item)
-    for item in items:
-        for other in getattr(obj, "pytestmark", []):
-            if getattr(other, "name", None) != MARKER:
-                item.add_marker(other)
     return items
+
+
+# --------------------------------------------------------------------------- reports
 
 
 class Reporter:
@@ -277,13 +339,17 @@ class Reporter:
         self.results: list[dict[str, Any]] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if not (report.when == "call" or report.failed):
+        if not (report.when == "call" or report.failed or report.skipped):
             return  # one entry per item: its call, or the setup/teardown that failed
+        if report.when == "teardown" and not report.failed:
+            return
         for key, value in report.user_properties:
             if key == "polgrad":
                 entry = json.loads(str(value))
-                entry["status"] = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                status = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+                entry["status"] = status
                 entry["nodeid"] = report.nodeid
+                self.results = [r for r in self.results if r["nodeid"] != report.nodeid]
                 self.results.append(entry)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -291,35 +357,72 @@ class Reporter:
             return
         tr = terminalreporter
         tr.section("polgrad conformance")
-        header = ("function", "reference", "pass", "fail", "expected", "worst/tol", "diagnosis")
+        header = ("function", "kind", "reference", "pass", "fail", "expected", "worst/tol")
         rows = list(summary_rows(self.results))
-        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(6)]
+        widths = [max(len(r[i]) for r in [(*header, ""), *rows]) for i in range(len(header))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
-        tr.write_line(fmt.format(*header))
+        tr.write_line(fmt.format(*header, "diagnosis"))
         for row in rows:
             tr.write_line(fmt.format(*row))
-        path = self.config.getoption("--polgrad-report")
-        if path:
+        missing = sum(r.get("golden") == "missing" for r in self.results)
+        if missing:
+            tr.write_line(
+                f"{missing} golden{'s' if missing != 1 else ''} not recorded yet: review the "
+                "functions, then run pytest --snapshot-update and commit the new files",
+                yellow=True,
+            )
+        path = settings(self.config).report
+        if path is not None:
             ordered = sorted(self.results, key=lambda r: str(r["nodeid"]))
-            Path(path).write_text(json.dumps(ordered, indent=2) + "\n")
-            tr.write_line(f"polgrad JSON report written to {path}")
+            try:
+                path.write_text(json.dumps(ordered, indent=2) + "\n")
+            except OSError as exc:
+                tr.write_line(f"polgrad JSON report NOT written: {exc}", red=True)
+            else:
+                tr.write_line(f"polgrad JSON report written to {path}")
+
+
+def _diagnosis(rows: list[dict[str, Any]], failed: int, expected: int) -> str:
+    found = next((str(r.get("match", "")) for r in rows if r.get("match")), "")
+    if found:
+        return found
+    missing = [r for r in rows if r.get("golden") == "missing"]
+    if missing and failed == len(missing):
+        return "golden not recorded yet"
+    if failed:
+        return ""
+    planned = set(rows[0].get("checks") or [r["check"] for r in rows])
+    ran = {r["check"] for r in rows if r["status"] in ("passed", "xfailed")}
+    if not planned <= ran:
+        return f"{len(ran & planned)} of {len(planned)} checks ran: no verdict"
+    return "conforms" if expected == 0 else "conforms, except the declared deviations"
 
 
 def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
-    """One row per (function, reference): counts, worst error, diagnosis."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    """One row per (function as collected, kind, reference): counts, worst error,
+    diagnosis. "conforms" needs every check generated for the row to have run."""
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
-        groups.setdefault((r["function"], r["reference"]), []).append(r)
-    for (fn, ref), rows in sorted(groups.items()):
+        key = (str(r["function"]), str(r.get("kind", "policy_loss")), str(r["reference"]))
+        groups.setdefault(key, []).append(r)
+    for (fn, kind, ref), rows in sorted(groups.items()):
         passed = sum(r["status"] == "passed" for r in rows)
         failed = sum(r["status"] == "failed" for r in rows)
         expected = sum(r["status"] == "xfailed" for r in rows)
-        measured = [float(r["worst"]) for r in rows if r["worst"] is not None]
+        measured = [float(r["worst"]) for r in rows if isinstance(r["worst"], (int, float))]
+        if any(r["worst"] == "inf" for r in rows):
+            measured.append(float("inf"))
         worst = f"{max(measured):.3g}" if measured else "-"
-        diagnosis = next((str(r.get("match", "")) for r in rows if r.get("match")), "")
-        if not diagnosis and failed == 0:
-            diagnosis = "conforms" if expected == 0 else "conforms, except the declared deviations"
-        yield fn, ref, str(passed), str(failed), str(expected), worst, diagnosis
+        yield (
+            fn,
+            kind,
+            ref,
+            str(passed),
+            str(failed),
+            str(expected),
+            worst,
+            _diagnosis(rows, failed, expected),
+        )
 
 
 # --------------------------------------------------------------------------- fixtures

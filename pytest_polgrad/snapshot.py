@@ -56,6 +56,7 @@ __all__ = [
     "PolgradSnapshotExtension",
     "SnapshotFormatError",
     "SnapshotText",
+    "SnapshotWriteError",
     "Tolerant",
     "compare",
     "explain",
@@ -63,6 +64,7 @@ __all__ = [
     "merged_text",
     "parse",
     "render",
+    "write_error",
 ]
 
 FORMAT = 1
@@ -155,6 +157,22 @@ class SnapshotText(str):
     policy: Tolerant | None = None
     location: str | None = None
     retain: bool = False
+    unreadable: str | None = None
+    """Why the stored file could not be read as text (e.g. not UTF-8); it is then
+    reported as corrupted and ``--snapshot-update`` replaces it."""
+
+
+class SnapshotWriteError(OSError):
+    """A snapshot file could not be written (read-only directory, full disk, ...)."""
+
+
+_WRITE_ERRORS: dict[str, str] = {}
+
+
+def write_error(location: str) -> str | None:
+    """The error of the last failed write of the snapshot at ``location`` in this
+    process, if any (syrupy turns a failed write into a plain mismatch)."""
+    return _WRITE_ERRORS.get(str(location))
 
 
 # ------------------------------------------------------------------------ serialising
@@ -280,6 +298,17 @@ def _check_token(kind: str, token: str) -> bool:
 def parse(text: str, *, source: str = "<snapshot>") -> Document:
     """Read snapshot text; raise :class:`SnapshotFormatError` naming ``source``, the line
     and the entry on anything malformed."""
+    if not text:
+        raise SnapshotFormatError(
+            source, 1, "the file is empty (0 bytes), not a recorded snapshot: it was truncated"
+        )
+    if text.startswith("\ufeff"):
+        raise SnapshotFormatError(
+            source,
+            1,
+            "the file starts with a UTF-8 byte-order mark (U+FEFF), which pytest-polgrad "
+            "never writes (an editor added it): remove it",
+        )
     header: dict[str, int] = {}
     entries: dict[str, Entry] = {}
     pending: tuple[Entry, list[str], Iterator[tuple[int, ...]], int] | None = None
@@ -548,6 +577,8 @@ class PolgradSnapshotExtension(SingleFileSnapshotExtension):
     ) -> bool:
         if getattr(serialized_data, "retain", False):
             return True
+        if getattr(snapshot_data, "unreadable", None):
+            return False
         try:
             stored = parse(str(snapshot_data), source=_source(snapshot_data))
         except SnapshotFormatError:
@@ -563,14 +594,18 @@ class PolgradSnapshotExtension(SingleFileSnapshotExtension):
     def read_snapshot_data_from_location(
         self, *, snapshot_location: str, snapshot_name: str, session_id: str
     ) -> SerializableData | None:
-        data = super().read_snapshot_data_from_location(
-            snapshot_location=snapshot_location,
-            snapshot_name=snapshot_name,
-            session_id=session_id,
-        )
-        if data is None:
+        try:
+            raw = Path(snapshot_location).read_bytes()
+        except FileNotFoundError:
             return None
-        text = SnapshotText(data)
+        try:
+            text = SnapshotText(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            text = SnapshotText(raw.decode("utf-8", errors="replace"))
+            text.unreadable = (
+                f"{snapshot_location} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at "
+                f"offset {exc.start}): it is not a file pytest-polgrad wrote"
+            )
         text.location = snapshot_location
         return text
 
@@ -586,9 +621,18 @@ class PolgradSnapshotExtension(SingleFileSnapshotExtension):
         path = Path(snapshot_collection.location)
         try:
             text = merged_text(path.read_text(encoding="utf-8"), data)
-        except FileNotFoundError:
+        except (FileNotFoundError, UnicodeDecodeError):  # new, or not ours: replaced
             text = str(data)
-        _write_atomic(path, text)
+        _WRITE_ERRORS.pop(str(path), None)
+        try:
+            _write_atomic(path, text)
+        except OSError as exc:
+            message = f"could not write snapshot {path}: {type(exc).__name__}: {exc}"
+            _WRITE_ERRORS[str(path)] = message
+            if isinstance(data, SnapshotText):
+                data.unreadable = None
+                data.location = str(path)
+            raise SnapshotWriteError(message) from exc
 
     def delete_snapshots(self, *, snapshot_location: str, snapshot_names: set[str]) -> None:
         Path(snapshot_location).unlink(missing_ok=True)
@@ -631,7 +675,18 @@ RETAIN = _Retain()
 def explain(received: SerializedData, stored: SerializedData) -> Iterator[str]:
     """Failure text: what differs (entry, position, stored vs received, size in units of
     tolerance), then the lines ``--snapshot-update`` would change."""
-    if not str(stored):
+    location = getattr(received, "location", None)
+    failed_write = write_error(location) if location else None
+    if failed_write:
+        yield failed_write
+        yield "fix the permissions of the snapshot directory (or free space), then rerun"
+        return
+    unreadable = getattr(stored, "unreadable", None)
+    if unreadable:
+        yield f"corrupted snapshot: {unreadable}"
+        yield "delete it and re-record it with pytest --snapshot-update"
+        return
+    if not str(stored) and getattr(stored, "location", None) is None:
         yield "no snapshot stored yet: record it with pytest --snapshot-update"
         return
     try:

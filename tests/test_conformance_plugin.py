@@ -160,7 +160,7 @@ def test_invalid_marker_is_a_clear_collection_error(pytester: pytest.Pytester) -
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*unknown algorithm 'grpo2'; known: cispo, dapo*"])
+    result.stdout.fnmatch_lines(["*unknown algorithm 'grpo2' (did you mean 'grpo'?); known: *"])
 
 
 def test_fixtures(pytester: pytest.Pytester) -> None:
@@ -212,8 +212,9 @@ def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Py
     result = pytester.runpytest_subprocess(*ARGS, "-k", "good", f"--polgrad-report={report}")
     text = result.stdout.str()
     row = next(line for line in text.splitlines() if line.startswith("good "))
-    assert row.split()[2:5] == ["9", "1", "0"], row
-    assert "conforms" not in row
+    assert row.split()[1:6] == ["policy_loss", "dapo", "9", "1", "0"], row
+    assert "conforms" not in row and row.endswith("golden not recorded yet")
+    assert "1 golden not recorded yet: review the functions, then run pytest --snapshot-update" in text
     entries = {r["check"]: r["status"] for r in json.loads(report.read_text())}
     assert entries["golden"] == "failed" and entries["value"] == "passed"
     pytester.makepyfile(
@@ -221,4 +222,4 @@ def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Py
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
     text = pytester.runpytest_subprocess("-p", "no:cacheprovider").stdout.str()
-    assert "expect= names check(s) ['micro-batch'] that do not run" in text
+    assert "expect= names ['micro-batch'], check(s) that do not run" in text

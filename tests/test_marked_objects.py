@@ -1,0 +1,127 @@
+"""Every marked object either works or is a collection error that says what to do; items,
+rows and snippets use the name pytest collected; ``parametrize`` gives one set of items
+per parameter set with the parameters bound; a first run reports missing goldens in one
+summary line, and a partial run never says "conforms" (issues 14 and 15)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ARGS = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=5")
+
+MODULE = """
+import functools
+
+import pytest
+import torch
+
+
+def _dapo(logprobs, old_logprobs, advantages, response_mask, hi=0.28):
+    r = torch.exp(torch.where(response_mask, logprobs - old_logprobs, 0.0))
+    a = advantages[:, None]
+    per = torch.maximum(-a * r, -a * r.clamp(0.8, 1.0 + hi))
+    return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+
+
+conforms = pytest.mark.polgrad_conforms("dapo", checks="value")  # an alias: no items
+
+lam = conforms(lambda logprobs, old_logprobs, advantages, response_mask: _dapo(
+    logprobs, old_logprobs, advantages, response_mask))
+part = conforms(functools.partial(_dapo, hi=0.2))
+
+
+class Loss:
+    def __call__(self, logprobs, old_logprobs, advantages, response_mask):
+        return _dapo(logprobs, old_logprobs, advantages, response_mask)
+
+
+inst = conforms(Loss())
+
+
+class TestGroup:
+    @pytest.mark.polgrad_conforms("dapo", checks=("value",))
+    def method(self, logprobs, old_logprobs, advantages, response_mask):
+        return _dapo(logprobs, old_logprobs, advantages, response_mask)
+
+
+def make(hi):
+    @pytest.mark.polgrad_conforms("dapo", checks=("value",))
+    def loss(logprobs, old_logprobs, advantages, response_mask):
+        return _dapo(logprobs, old_logprobs, advantages, response_mask, hi=hi)
+    return loss
+
+
+made_028 = make(0.28)
+made_020 = make(0.2)
+
+
+@pytest.mark.parametrize("hi", [0.28, pytest.param(0.2, id="low")])
+@pytest.mark.parametrize("scale", [1.0])
+@pytest.mark.polgrad_conforms("dapo", checks=("value", "golden"))
+def param(logprobs, old_logprobs, advantages, response_mask, hi, scale):
+    return _dapo(logprobs, old_logprobs, advantages, response_mask, hi=hi) * scale
+"""
+
+
+def _report(pytester: pytest.Pytester, *extra: str) -> tuple[dict[str, str], str]:
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(*ARGS, f"--polgrad-report={report}", *extra)
+    data = json.loads(report.read_text())
+    return {r["nodeid"].split("::", 1)[1]: r["status"] for r in data}, result.stdout.str()
+
+
+def test_every_marked_form_generates_its_items(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_forms=MODULE)
+    status, text = _report(pytester)
+    assert status == {
+        "lam[dapo-value]": "passed",
+        "part[dapo-value]": "failed",  # eps_high 0.2 bound into the partial
+        "inst[dapo-value]": "passed",
+        "TestGroup::method[dapo-value]": "passed",
+        "made_028[dapo-value]": "passed",
+        "made_020[dapo-value]": "failed",
+        "param[scale=1.0-hi=0.28-dapo-value]": "passed",
+        "param[scale=1.0-low-dapo-value]": "failed",
+        "param[scale=1.0-hi=0.28-dapo-golden]": "failed",  # not recorded yet
+        "param[scale=1.0-low-dapo-golden]": "failed",
+    }
+    rows = {line.split()[0] for line in text.splitlines() if " policy_loss " in line}
+    assert {"made_028", "made_020", "param[scale=1.0-hi=0.28]", "param[scale=1.0-low]"} <= rows
+    assert "made_020 does not conform to 'dapo'" in text  # the collected name, not 'loss'
+    assert "missing 1 required positional argument" not in text
+
+
+def test_a_marked_class_is_a_collection_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        "import pytest\n\n@pytest.mark.polgrad_conforms('dapo')\nclass Loss:\n"
+        "    def __call__(self, logprobs, old_logprobs, advantages, response_mask):\n"
+        "        return logprobs.sum()\n"
+    )
+    result = pytester.runpytest_subprocess(*ARGS)
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error: never green
+    result.stdout.fnmatch_lines(["*Loss: invalid @pytest.mark.polgrad_conforms: marks the class*"])
+    assert "mark a def that calls it" in result.stdout.str()
+
+
+def test_golden_first_run_is_one_summary_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_forms=MODULE)
+    status, text = _report(pytester, "-k", "golden")
+    assert set(status.values()) == {"failed"} and len(status) == 2
+    assert (
+        "2 goldens not recorded yet: review the functions, then run pytest --snapshot-update"
+        in (text)
+    )
+    assert text.count("no golden snapshot of") == 2  # one line per item, no diff, no traceback
+    rows = [line for line in text.splitlines() if line.startswith("param[")]
+    assert rows and all(line.endswith("golden not recorded yet") for line in rows)
+    # Recorded, a run of only the golden items passes them but claims no conformance.
+    _report(pytester, "-k", "golden", "--snapshot-update")
+    status, text = _report(pytester, "-k", "golden")
+    assert set(status.values()) == {"passed"}
+    rows = [line for line in text.splitlines() if line.startswith("param[")]
+    assert rows and all(line.endswith("1 of 2 checks ran: no verdict") for line in rows), rows
+    assert "conforms" not in "\n".join(rows)
