@@ -80,9 +80,10 @@ class SignatureError(Verdict, TypeError):
 
 
 class DeviceUnavailable(MarkerError):
-    """``device=`` names a device this machine does not have: an error in pytest items and
-    ``assert_conforms`` alike, never a skip (a CPU-only run must not look as if the CUDA
-    path was checked; users add their own ``skipif``)."""
+    """``device=`` names a device this machine does not have, raised at the first call
+    (not at collection, so a ``skipif`` mark on the function works): an error in pytest
+    items and ``assert_conforms`` alike, never a silent skip (a CPU-only run must not look
+    as if the CUDA path was checked)."""
 
 
 def guarded_call(
@@ -224,7 +225,8 @@ class FunctionUnderTest:
                 f"{getattr(fn, '__qualname__', fn)!r} takes no response_mask: it could not "
                 "see them in any layout; add a response_mask parameter or drop holes=True"
             )
-        self.device = _usable_device(str(getattr(options, "device", "cpu")))
+        self.device = _parse_device(str(getattr(options, "device", "cpu")))
+        self._device_checked = self.device.type == "cpu"
 
     @property
     def name(self) -> str:
@@ -276,6 +278,9 @@ class FunctionUnderTest:
         With ``device`` other than CPU the function receives tensors on that device; the
         loss and the gradient come back to the CPU (in the function's dtype)."""
         inputs = self._layout_inputs(batch)
+        if not self._device_checked:  # at the first call, so collection and skipif marks work
+            _require_available(self.device)
+            self._device_checked = True
         if self.device.type != "cpu":
             inputs = {k: v.to(self.device) for k, v in inputs.items()}
         inputs["logprobs"].requires_grad_(grad)
@@ -301,19 +306,22 @@ class FunctionUnderTest:
         return Evaluation(loss.detach().cpu(), g, inputs, before)
 
 
-def _usable_device(name: str) -> torch.device:
-    """``torch.device(name)`` if this machine has it; :class:`DeviceUnavailable` otherwise."""
+def _parse_device(name: str) -> torch.device:
+    """``torch.device(name)`` for ``cpu``, ``cuda`` or ``cuda:N``; ``MarkerError`` otherwise."""
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
         raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}") from exc
-    if device.type == "cpu":
-        return device
-    if device.type != "cuda":
+    if device.type not in ("cpu", "cuda"):
         raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    return device
+
+
+def _require_available(device: torch.device) -> None:
+    """:class:`DeviceUnavailable` unless this machine has ``device``."""
     if not torch.cuda.is_available():
         raise DeviceUnavailable(
-            f"device={name!r}: CUDA is not available in this torch build "
+            f"device={str(device)!r}: CUDA is not available in this torch build "
             f"({torch.__version__}) or on this machine; the checks need a CUDA device "
             "(mark the test skipif(not torch.cuda.is_available()) to run it only there), "
             "or drop device= to run on the CPU"
@@ -321,6 +329,6 @@ def _usable_device(name: str) -> torch.device:
     count = torch.cuda.device_count()
     if device.index is not None and device.index >= count:
         raise DeviceUnavailable(
-            f"device={name!r}: this machine has {count} CUDA device(s) (cuda:0 .. cuda:{count - 1})"
+            f"device={str(device)!r}: this machine has {count} CUDA device(s) (cuda:0 .. "
+            f"cuda:{count - 1})"
         )
-    return device

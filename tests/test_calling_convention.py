@@ -223,8 +223,9 @@ def _device_seen(
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
 def test_device_cuda_without_cuda_is_a_clear_error() -> None:
+    fut = FunctionUnderTest(L.dapo, _options(device="cuda"))  # collection does not fail
     with pytest.raises(DeviceUnavailable, match="device='cuda': CUDA is not available") as info:
-        FunctionUnderTest(L.dapo, _options(device="cuda"))
+        fut.call(BATCH)
     assert isinstance(info.value, MarkerError) and "drop device=" in str(info.value)
     with pytest.raises(DeviceUnavailable):
         assert_conforms(L.dapo, "dapo", device="cuda", max_examples=2)
@@ -247,7 +248,7 @@ def test_device_cuda_sends_cuda_tensors_and_compares_on_cpu() -> None:
         assert_conforms(L.dapo_inplace, "dapo", device="cuda", max_examples=10)
     count = torch.cuda.device_count()
     with pytest.raises(DeviceUnavailable, match=f"has {count} CUDA device"):
-        FunctionUnderTest(L.dapo, _options(device=f"cuda:{count}"))
+        FunctionUnderTest(L.dapo, _options(device=f"cuda:{count}")).call(BATCH)
 
 
 # ------------------------------------------------------------------------- holes=
