@@ -13,10 +13,11 @@ in ``[-max|z_L|, max|z_L|]``: ``D > 0`` means the update raises the likelihood o
 responses more than of short ones. ``D`` is invariant to the scale of ``W`` (so to the
 batch-dependent normaliser of every mode) and is a smooth function of five row means
 ``m = mean_b(W A L, W A, L, L^2, W |A|)``; the delta method gives
-``Var(D) = sum_c (sum_{b in c} grad D(m) . (z_b - m))^2 / B^2`` over clusters ``c``
-(rows, or the ``groups`` of GRPO-style advantages, whose rows are dependent), and the
-interval ``D +- Phi^{-1}((1 + level) / 2) se``. Its coverage is calibrated by Monte Carlo
-in ``tests/test_diagnostics_length.py``; under the null ``E[A | L] = 0``, ``D = 0``.
+``Var(D) = G/(G-1) sum_c (sum_{b in c} grad D(m) . (z_b - m))^2 / B^2`` over ``G``
+clusters ``c`` (rows, or the ``groups`` of GRPO-style advantages, whose rows are
+dependent), and the interval ``D +- Phi^{-1}((1 + level) / 2) se``. Its coverage is
+calibrated by Monte Carlo in ``tests/test_diagnostics_length.py``; under the null
+``E[A | L] = 0``, ``D = 0``.
 """
 
 from __future__ import annotations

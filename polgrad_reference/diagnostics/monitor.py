@@ -16,7 +16,7 @@ needs such an excursion from one of the ``N`` starts, hence
 
 per side, and ``h = log(N * sides / alpha) / (2k)`` bounds the whole run's false-alarm
 probability over every side of every statistic by ``alpha`` (union bound). The bound
-holds for any null ``z`` with ``E exp(2k(z - k)) <= 1`` (sub-Gaussian, variance <= 1).
+holds for any null ``z`` with ``E exp(2k(z - k)) <= 1`` (sub-Gaussian, variance proxy 1).
 Siegmund's approximation of the in-control average run length per side,
 ``ARL0 ~ (exp(2kb) - 2kb - 1) / (2k^2)``, ``b = h + 1.166`` (Siegmund 1985, *Sequential
 Analysis*), is reported for orientation only; the guarantee is the bound above.
