@@ -189,7 +189,6 @@ def _entry(target: Target, check: str, fields: dict[str, Any] | None = None) -> 
     """The ``user_properties`` entry an item reports (provisional until it runs, so the
     summary still counts an item that ends without a result)."""
     entry = {
-        "function": target.label,
         "kind": target.options.kind,
         "reference": target.options.reference_id,
         "check": check,

@@ -214,7 +214,9 @@ def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Py
     row = next(line for line in text.splitlines() if line.startswith("good "))
     assert row.split()[1:6] == ["policy_loss", "dapo", "9", "1", "0"], row
     assert "conforms" not in row and row.endswith("golden not recorded yet")
-    assert "1 golden not recorded yet: review the functions, then run pytest --snapshot-update" in text
+    assert "1 golden not recorded yet: review the functions, then run pytest --snapshot-update" in (
+        text
+    )
     entries = {r["check"]: r["status"] for r in json.loads(report.read_text())}
     assert entries["golden"] == "failed" and entries["value"] == "passed"
     pytester.makepyfile(
