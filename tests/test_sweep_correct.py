@@ -27,7 +27,7 @@ from tests import sample_losses as L
 Tensor = torch.Tensor
 SEEDS = range(20)
 FULL = os.environ.get("POLGRAD_SWEEP") == "full"
-SIZES = {"max_batch": 4, "max_length": 24}
+SIZES: dict[str, Any] = {"max_batch": 4, "max_length": 24}
 
 
 def _example_dapo(
