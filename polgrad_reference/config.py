@@ -586,9 +586,10 @@ class GammaWeight(_Derivable):
 
 @dataclasses.dataclass(frozen=True)
 class CovarianceSelection(_Derivable):
-    """Clip-Cov / KL-Cov token selection (arXiv:2505.22617; verl 0.9.1 defaults: fraction
-    ``2e-4`` of the response tokens, at least one; clip_cov's covariance window
-    ``(low, high) = (1, 5)``; kl_cov's ``kl_coef = 1``).
+    """Clip-Cov / KL-Cov token selection (arXiv:2505.22617; verl 0.9.1 defaults,
+    workers/config/actor.py ``PolicyLossConfig``: fraction ``2e-4`` of the response tokens,
+    at least one; clip_cov's covariance window ``(low, high) = (1, 5)``; kl_cov's
+    ``ppo_kl_coef = 0.1``, the config's default; the loss function's own fallback is 1.0).
 
     Clip-Cov draws ``k`` of its candidates at random (verl: ``torch.randperm`` on the
     global RNG). Here the draw uses a generator seeded with ``seed`` (unless a generator or
@@ -600,7 +601,7 @@ class CovarianceSelection(_Derivable):
     fraction: float = 2e-4
     low: float = 1.0
     high: float = 5.0
-    kl_coef: float = 1.0
+    kl_coef: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:

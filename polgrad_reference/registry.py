@@ -469,12 +469,13 @@ _VARIANTS = (
         loss=PolicyLossConfig(
             surrogate=SurrogateKind.KL_COV,
             aggregation=Aggregation.TOKEN_MEAN,
-            params=CovarianceSelection(fraction=2e-4, kl_coef=1.0),
+            params=CovarianceSelection(fraction=2e-4, kl_coef=0.1),
         ),
         advantage=_GRPO_ADV,
         sources=(
             "arXiv:2505.22617 Sec. 4 (KL penalty |log r| on the top-k covariance tokens)",
-            f"{_VERL} compute_policy_loss_kl_cov (fraction 2e-4, ppo_kl_coef 1.0)",
+            f"{_VERL} compute_policy_loss_kl_cov (fraction 2e-4)",
+            "verl 0.9.1 verl/workers/config/actor.py PolicyLossConfig (ppo_kl_coef = 0.1)",
         ),
         unstated=(
             Unstated(

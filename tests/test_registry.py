@@ -144,7 +144,8 @@ def test_covariance_constants_arxiv_2505_22617_verl() -> None:
     clip_cov, kl_cov = _loss("clip_cov"), _loss("kl_cov")
     assert clip_cov.params == CovarianceSelection(fraction=2e-4, low=1.0, high=5.0)
     assert (clip_cov.clip.eps_low, clip_cov.clip.eps_high) == (0.2, 0.2)
-    assert kl_cov.params == CovarianceSelection(fraction=2e-4, kl_coef=1.0)
+    # verl 0.9.1 workers/config/actor.py: ppo_kl_coef = 0.1 (the function falls back to 1.0)
+    assert kl_cov.params == CovarianceSelection(fraction=2e-4, kl_coef=0.1)
     assert clip_cov.needs_selection and kl_cov.needs_selection
 
 
