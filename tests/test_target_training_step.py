@@ -11,8 +11,9 @@ import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 from pytest_polgrad.engine import CheckResult, build_context, run_check
-from pytest_polgrad.options import ConformanceOptions
+from pytest_polgrad.options import ConformanceOptions, MarkerError
 from pytest_polgrad.strategies import Split
+from pytest_polgrad.target import Verdict
 from pytest_polgrad.targets import get_kind
 from pytest_polgrad.targets.training_step import accumulate
 
@@ -328,3 +329,20 @@ def test_non_finite_micro_batch_loss_is_a_verdict() -> None:
     result = _run(nan_step, "full-batch")
     assert not result.passed
     assert "the function returned nan for rank 0 micro-batch 0" in result.message
+
+
+def test_bad_marker_options_are_marker_errors() -> None:
+    kind = get_kind("training_step")
+    with pytest.raises(MarkerError, match="unknown override 'bugdet'"):
+        kind.resolve(ConformanceOptions("dr_grpo", kind="training_step", overrides={"bugdet": 8}))
+    with pytest.raises(MarkerError, match="layout='left' is not supported"):
+        kind.resolve(ConformanceOptions("dapo", kind="training_step", layout="left"))
+    with pytest.raises(MarkerError, match="did you mean 'grpo'"):
+        kind.resolve(ConformanceOptions("gpro", kind="training_step"))
+
+
+def test_a_step_without_logprobs_is_a_verdict() -> None:
+    kind = get_kind("training_step")
+    opts = ConformanceOptions("dapo", kind="training_step")
+    with pytest.raises(Verdict, match="has no 'logprobs' parameter"):
+        kind.context(lambda log_probs, response_mask: 0, "f", kind.resolve(opts), opts)

@@ -45,7 +45,13 @@ def tolerance_for(options: ConformanceOptions) -> Tolerance:
 
 
 def check_overrides(kind: str, options: ConformanceOptions, allowed: Iterable[str]) -> None:
-    """Raise ``MarkerError`` naming an override key the kind does not know."""
+    """Raise ``MarkerError`` naming an override key the kind does not know (and for a
+    layout other than right padding, which these kinds do not convert)."""
+    if options.layout != "right":
+        raise MarkerError(
+            f"the {kind} kind passes right-padded [B, T] tensors; layout={options.layout!r} "
+            "is not supported for it (convert at your function's edge)"
+        )
     keys = sorted(allowed)
     for key in options.overrides:
         if key not in keys:

@@ -49,6 +49,7 @@ from ._tokens import (
     TokenContext,
     bitwise_equal,
     call_guarded,
+    check_overrides,
     compare_tensor,
     compare_value,
     fmt,
@@ -341,12 +342,7 @@ class TrainingStepKind:
 
     def resolve(self, options: ConformanceOptions) -> PolicyLossConfig:
         ref = options.reference
-        unknown = set(options.overrides) - _OVERRIDES
-        if unknown:
-            raise MarkerError(
-                f"the training_step kind got unknown override(s) {sorted(unknown)}; "
-                f"allowed: {sorted(_OVERRIDES)}"
-            )
+        check_overrides(self.name, options, _OVERRIDES)
         if isinstance(ref, PolicyLossConfig):
             return ref.replace(**options.overrides) if options.overrides else ref
         if not isinstance(ref, str):
