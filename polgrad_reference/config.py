@@ -642,6 +642,10 @@ TOKEN_RATIO_ONLY = frozenset(SurrogateKind) - {
 }
 """Surrogates defined on the token ratio only (they read ``log pi`` or token log-ratios)."""
 
+_CISPO_RATIOS = frozenset({RatioKind.TOKEN, RatioKind.SEQUENCE, RatioKind.SEQUENCE_PRODUCT})
+"""CISPO's detached weight may be the token, GSPO sequence (TRL 1.16.0 ``cispo`` with
+``importance_sampling_level="sequence"``) or sequence-product ratio (verl bypass)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig(_Derivable):
@@ -674,15 +678,14 @@ class PolicyLossConfig(_Derivable):
                 "ratio='sequence_product' is defined with surrogate='cispo' only (a truncated, "
                 f"detached sequence weight), got surrogate={self.surrogate.value!r}"
             )
-        if (
-            self.surrogate in TOKEN_RATIO_ONLY
-            and self.ratio is not RatioKind.TOKEN
-            and not (
-                self.surrogate is SurrogateKind.CISPO and self.ratio is RatioKind.SEQUENCE_PRODUCT
-            )
-        ):
+        cispo_weight = self.surrogate is SurrogateKind.CISPO and self.ratio in _CISPO_RATIOS
+        token_only = self.surrogate in TOKEN_RATIO_ONLY and self.ratio is not RatioKind.TOKEN
+        if token_only and not cispo_weight:
+            allowed = "'token', 'sequence' or 'sequence_product'"
+            if self.surrogate is not SurrogateKind.CISPO:
+                allowed = "'token'"
             raise ConfigError(
-                f"surrogate={self.surrogate.value!r} is defined with ratio='token' only, "
+                f"surrogate={self.surrogate.value!r} is defined with ratio={allowed} only, "
                 f"got ratio={self.ratio.value!r}"
             )
         self._check_params()

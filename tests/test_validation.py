@@ -184,7 +184,7 @@ def test_required_optional_tensors() -> None:
         (lambda: PolicyLossConfig(aggregation="token-sum-norm", budget=-3), "budget must be"),
         (lambda: PolicyLossConfig(budget=8), "budget applies to aggregation='token-sum-norm'"),
         (lambda: PolicyLossConfig(aggregation="mean"), "aggregation must be one of"),
-        (lambda: PolicyLossConfig(ratio="sequence", surrogate="cispo"), "ratio='token' only"),
+        (lambda: PolicyLossConfig(ratio="sequence", surrogate="reinforce"), "ratio='token' only"),
         (lambda: PolicyLossConfig(clip=(0.2, 0.2)), "clip must be a ClipConfig"),
         (lambda: ISCorrection(cap=0.0), "cap must be > 0"),
         (lambda: ISCorrection(mode="mask"), "needs low, high or both"),

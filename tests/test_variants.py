@@ -725,3 +725,21 @@ def test_low_precision_inputs_agree_with_float64_of_the_same_values(
     scale = 1.0 + float(token_loss[exact["response_mask"]].abs().max())
     assert abs(got - want) <= 64 * eps * scale
     assert torch.allclose(g_low.to(F64), g, rtol=64 * eps, atol=64 * eps * float(g.abs().max()))
+
+
+def test_cispo_with_the_sequence_ratio_trl_sequence_level() -> None:
+    # TRL 1.16.0 cispo with importance_sampling_level="sequence": w = sg(min(s_b, cap)),
+    # s_b = exp(mean_t lr). Row lr = (0.3, 0.5): s = e^0.4 = 1.4918 capped at 1.2 (absolute).
+    cfg = PolicyLossConfig(
+        ratio="sequence",
+        surrogate="cispo",
+        clip=ClipConfig(None, 1.2, bounds="absolute"),
+        aggregation="token-sum",
+    )
+    loss, grad = _grad(
+        cfg, _row([[-1.0, -2.0], [-0.5, -0.5]], [[0.3, 0.5], [0.1, -0.1]], [1.0, 1.0])
+    )
+    assert loss == pytest.approx(1.2 * 3.0 + 1.0 * 1.0, rel=1e-14)
+    assert torch.allclose(grad, torch.tensor([[-1.2, -1.2], [-1.0, -1.0]], dtype=F64), rtol=1e-14)
+    with pytest.raises(ConfigError, match="ratio='token', 'sequence' or 'sequence_product' only"):
+        PolicyLossConfig(ratio="sequence_token", surrogate="cispo")
