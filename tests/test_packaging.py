@@ -71,3 +71,15 @@ def test_reference_imports_only_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plugin_modules_import_no_torch() -> None:
+    """What pytest loads for every session (the plugin, its collection, options, the
+    snapshot guard, the kinds registry) imports neither torch nor Hypothesis."""
+    code = (
+        "import sys, pytest_polgrad.plugin, pytest_polgrad.collect, pytest_polgrad.guard,"
+        " pytest_polgrad.options, pytest_polgrad.targets;"
+        "bad = [m for m in ('torch', 'hypothesis', 'polgrad_reference') if m in sys.modules];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
