@@ -250,7 +250,7 @@ def _search(
     Hypothesis saw a failure it could not reproduce on the same input."""
     from hypothesis import given
     from hypothesis import seed as fix_seed
-    from hypothesis.errors import HypothesisException
+    from hypothesis.errors import Flaky
 
     counter = [0]
     last: list[Any] = [None]
@@ -270,7 +270,7 @@ def _search(
     except _failures() as exc:
         assert isinstance(exc, AssertionError)
         return _Found(last[0], exc, "search", shrunk=True), counter[0], False
-    except HypothesisException:  # FlakyFailure, FlakyStrategyDefinition, ...
+    except Flaky:  # FlakyFailure, FlakyReplay, FlakyStrategyDefinition, FlakyBackendFailure
         return None, counter[0], True
     return None, counter[0], False
 

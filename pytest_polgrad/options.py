@@ -93,7 +93,9 @@ class ConformanceOptions:
     ``tolerance`` multiplies the default tolerance; ``strict`` flags anything beyond
     float64 rounding; ``expect`` maps a check to the reason it is known to fail;
     ``checks`` restricts the generated items; ``padding_nan`` puts NaN (not just finite
-    garbage) at padding; ``max_batch`` / ``max_length`` bound the drawn batches; ``kind``
+    garbage) at padding; ``max_batch`` / ``max_length`` bound the batches (Hypothesis
+    draws at most 8 x 256; every pool adds a few realistic-size batches up to these
+    bounds); ``kind``
     names the kind of target (``pytest_polgrad.targets.KINDS``); ``holes`` draws masks
     with holes inside a response (multi-turn); ``device`` runs the function on ``"cpu"``
     or ``"cuda"``/``"cuda:N"`` tensors (the oracle stays on CPU in float64).
@@ -116,8 +118,8 @@ class ConformanceOptions:
     moved to :attr:`expect_bounds`, so ``expect`` always maps to the reason string)."""
     checks: tuple[str, ...] | None = None
     padding_nan: bool = False
-    max_batch: int = 8
-    max_length: int = 256
+    max_batch: int = 64
+    max_length: int = 4096
     id: str | None = None
     kind: str = "policy_loss"
     holes: bool = False

@@ -57,11 +57,12 @@ SEARCH_ROWS, SEARCH_TOKENS = 8, 256
 """Largest ``B`` and ``T`` Hypothesis draws (``max_batch`` / ``max_length`` cap them
 lower): searching and shrinking stay cheap, and most bugs show at these sizes."""
 
-REALISTIC_SIZES: tuple[tuple[int, int], ...] = ((64, 1024), (37, 2048), (16, 4096))
+REALISTIC_SIZES: tuple[tuple[int, int], ...] = ((64, 512), (13, 4096))
 """``(rows, width)`` of the realistic-size batches in every check's pool, capped by
 ``max_batch`` / ``max_length``; row lengths are ragged over ``[1, width]``, the shortest
-and the longest always present. 37 rows: not a multiple of a power-of-two chunk size, so
-averaging chunk means differs from the batch mean for every aggregation."""
+and the longest always present. 13 rows: not a multiple of a power-of-two chunk size, so
+averaging chunk means differs from the batch mean for every aggregation. Two batches of
+~30k-50k elements keep a passing check's cost close to the small batches' (issue 8)."""
 
 _FLOAT16_SIZES: tuple[tuple[int, int], ...] = ((64, 96), (8, 1024))
 """float16 inputs: at most 8192 response tokens, so a sum of ``|A| * ratio`` over the
@@ -331,7 +332,7 @@ def realistic_batches(
         seen.add((rows, width))
         extents = _realistic_extents(rng, rows, width)
         base_scale, base_power = domain.base_shapes[index % len(domain.base_shapes)]
-        gap = domain.gap_scales[index % len(domain.gap_scales)]
+        gap = domain.gap_scales[(0, 2)[index % 2]]  # the domain's typical, then a wide one
         values = ValuePlan(
             style="random",
             base_scale=min(base_scale, base_floor(domain, bound)),
