@@ -198,7 +198,8 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
     from .engine import kind_of
 
     kind = kind_of(options)
-    applicable = [c.name for c in kind.checks(config, options)]
+    unrestricted = dataclasses.replace(options, checks=None) if options.checks else options
+    applicable = [c.name for c in kind.checks(config, unrestricted)]
     if options.kind != "policy_loss":  # the policy loss is validated by its static list
         lookup = getattr(kind, "check", None)
         named = [*options.expect, *(options.checks or ())]

@@ -125,3 +125,30 @@ def test_golden_first_run_is_one_summary_line(pytester: pytest.Pytester) -> None
     rows = [line for line in text.splitlines() if line.startswith("param[")]
     assert rows and all(line.endswith("1 of 2 checks ran: no verdict") for line in rows), rows
     assert "conforms" not in "\n".join(rows)
+
+
+def _token_mean(x, mask):  # type: ignore[no-untyped-def]
+    import torch
+
+    return torch.where(mask, x, 0.0).sum() / mask.sum()
+
+
+def test_assert_conforms_takes_a_kind() -> None:
+    from pytest_polgrad import ConformanceError, assert_conforms
+    from pytest_polgrad.options import MarkerError
+
+    report = assert_conforms(_token_mean, "dapo", kind="aggregation", max_examples=3)
+    assert report.kind == "aggregation" and "padding-columns" in {r.check for r in report.results}
+    with pytest.raises(ConformanceError, match=r"\(aggregation\)"):
+        assert_conforms(_token_mean, "grpo", kind="aggregation", checks="value", max_examples=3)
+    declared = assert_conforms(
+        _token_mean,
+        "grpo",
+        kind="aggregation",
+        checks="value",
+        expect={"value": "token-mean, not seq-mean-token-mean"},
+        max_examples=3,
+    )
+    assert declared.ok and declared.kind == "aggregation"
+    with pytest.raises(MarkerError, match=r"unknown check 'valeu' \(did you mean 'value'\?\)"):
+        assert_conforms(_token_mean, "dapo", kind="aggregation", checks="valeu")
