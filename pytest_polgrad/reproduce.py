@@ -11,8 +11,10 @@ lambda) the snippet says where to paste its definition.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
+import functools
 import os
 import sys
 from pathlib import Path
@@ -57,6 +59,9 @@ class Importable:
     path: str | None
     run_from: str
     reason: str = ""
+    bound: str = ""
+    """``functools.partial`` keywords as source (``"mode='token-mean'"``) for a function
+    collected with ``@pytest.mark.parametrize`` parameters bound in."""
 
 
 def _import_root(module: Any) -> Path | None:
@@ -72,9 +77,34 @@ def _import_root(module: Any) -> Path | None:
     return root
 
 
+def _bound_source(fn: Any) -> str | None:
+    """The keywords of a ``functools.partial`` without positional arguments as source,
+    if each value's ``repr`` reads back equal (None otherwise)."""
+    if fn.args:
+        return None
+    parts = []
+    for key, value in fn.keywords.items():
+        try:
+            same = bool(ast.literal_eval(repr(value)) == value)
+        except (ValueError, SyntaxError, TypeError):
+            same = False
+        if not same:
+            return None
+        parts.append(f"{key}={value!r}")
+    return ", ".join(parts)
+
+
 def importable(fn: Any, name: str = "") -> Importable:
     """Where ``fn`` can be imported from: under ``name`` (the collected name, ``[...]``
-    parameters stripped) or its ``__name__``, if the module's attribute is ``fn``."""
+    parameters stripped) or its ``__name__``, if the module's attribute is ``fn``; a
+    ``functools.partial`` (parametrized function) through the function it binds."""
+    if isinstance(fn, functools.partial):
+        bound = _bound_source(fn)
+        inner = importable(fn.func, name)
+        if bound is not None and inner.module is not None:
+            return dataclasses.replace(inner, bound=bound)
+        reason = inner.reason or "its bound parameters are not Python literals"
+        return dataclasses.replace(inner, module=None, path=None, reason=reason)
     run_from = os.getcwd()
     candidates = [n for n in (name.split("[")[0], getattr(fn, "__name__", "")) if n.isidentifier()]
     module_name = getattr(fn, "__module__", None)
@@ -117,6 +147,12 @@ def _header(cfg: Any, where: Importable) -> list[str]:
         ]
     else:
         lines = ["import torch", "", f"from {where.module} import {where.attribute}"]
+    if where.bound:
+        lines.insert(0, "import functools")
+        lines.append(
+            f"{where.attribute} = functools.partial({where.attribute}, {where.bound})"
+            "  # the parametrize parameters of the item"
+        )
     names = sorted(_config_types(cfg, set()))
     lines += [f"from polgrad_reference import {', '.join([*names, 'policy_loss'])}"]
     return lines

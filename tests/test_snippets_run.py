@@ -234,3 +234,31 @@ def test_an_assert_conforms_snippet_from_a_script_says_how_to_paste(tmp_path: Pa
     stdout = _execute(code.replace(marker, definition), tmp_path, str(tmp_path))
     printed = stdout.split()
     assert printed[0] == "function:" and float(printed[1]) != pytest.approx(float(printed[3]))
+
+
+def dapo_with_clip_high(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_high: float = 0.28,
+) -> torch.Tensor:
+    per = L._ppo_per_token(logprobs, old_logprobs, advantages, response_mask, 0.2, clip_high)
+    return L._token_mean(per, response_mask)
+
+
+def test_a_parametrized_function_is_imported_and_rebound(tmp_path: Path) -> None:
+    """A ``@pytest.mark.parametrize`` item reaches the engine as a ``functools.partial``
+    named ``fn[params]``: the snippet imports ``fn`` and binds the same parameters."""
+    import functools
+
+    bound = functools.partial(dapo_with_clip_high, clip_high=0.2)
+    ctx = build_context(bound, parse_marker(("dapo",), {}), name="dapo_with_clip_high[0.2]")
+    result = run_check(ctx, "value", max_examples=40, base_seed=0, replay="pytest x")
+    assert not result.passed
+    assert result.report.startswith("dapo_with_clip_high[0.2] does not conform")
+    instruction, code = _snippet(result.report)
+    assert "from tests.test_snippets_run import dapo_with_clip_high" in code
+    assert "functools.partial(dapo_with_clip_high, clip_high=0.2)" in code
+    printed = _execute(code, tmp_path, _run_from(instruction)).split()
+    assert float(printed[1]) != pytest.approx(float(printed[3]), rel=1e-6)
