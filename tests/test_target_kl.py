@@ -194,3 +194,16 @@ def test_report_snippet_runs_standalone(capsys) -> None:
     code = result.report.split("reproduce (standalone):", 1)[1].split("  replay", 1)[0]
     exec(compile("\n".join(ln[4:] for ln in code.splitlines()), "snippet", "exec"), {})
     assert "reference:" in capsys.readouterr().out
+
+
+def k3_plus_clamped(logprob, ref_logprob):
+    """verl's order for 'k3+' with its clamp: clamped k3 value, k2's unclamped gradient."""
+    kl = torch.clamp(ref_logprob - logprob, min=-20, max=20)
+    value = torch.clamp(torch.exp(kl) - kl - 1, min=-10, max=10)
+    k2 = 0.5 * (logprob - ref_logprob).square()
+    return k2 - k2.detach() + value.detach()
+
+
+def test_clamped_straight_through_keeps_the_k2_gradient() -> None:
+    for check in ("value", "gradient"):
+        assert _run(k3_plus_clamped, check, "k3+", overrides={"clamp": 10}).passed, check

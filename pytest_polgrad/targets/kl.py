@@ -159,8 +159,15 @@ def _ref_formula(ref: KLRef) -> Formula:
     est, clamp = ref.kl.estimator, ref.clamp
 
     def formula(lr: torch.Tensor) -> torch.Tensor:
-        k = k_values(est, lr)
-        return k if clamp is None else k.clamp(-clamp, clamp)
+        if clamp is None:
+            return k_values(est, lr)
+        if est.straight_through and est.base is not KLEstimator.K2:
+            # the clamp bounds the reported value; the gradient stays k2's, unclamped
+            # (verl 0.9.1 core_algos.kl_penalty: forward score clamped, then straight-through)
+            value = k_values(est.base, lr).clamp(-clamp, clamp)
+            k2 = 0.5 * (lr * lr)
+            return k2 - k2.detach() + value.detach()
+        return k_values(est, lr).clamp(-clamp, clamp)
 
     return formula
 
