@@ -383,11 +383,14 @@ _VARIANTS = (
             f"{_VERL} compute_policy_loss_dppo_tv (cap clip_ratio_c = 20)",
         ),
         unstated=(
-            Unstated(
-                "params.delta_low/delta_high",
-                0.2,
-                "verl reads its clip_ratio (0.2) as the TV threshold; the paper's value "
-                "is not recorded here",
+            *(
+                Unstated(
+                    f"params.{side}",
+                    0.2,
+                    "verl reads its clip_ratio (0.2) as the TV threshold; the paper's "
+                    f"value is not recorded here; set it with derive({side}=...)",
+                )
+                for side in ("delta_low", "delta_high")
             ),
             _TOKEN_MEAN_VERL,
             *_STD,
@@ -407,11 +410,14 @@ _VARIANTS = (
             f"{_VERL} compute_policy_loss_dppo_kl (cap clip_ratio_c = 20)",
         ),
         unstated=(
-            Unstated(
-                "params.delta_low/delta_high",
-                0.2,
-                "verl reads its clip_ratio (0.2) as the KL threshold; the paper's value "
-                "is not recorded here",
+            *(
+                Unstated(
+                    f"params.{side}",
+                    0.2,
+                    "verl reads its clip_ratio (0.2) as the KL threshold; the paper's "
+                    f"value is not recorded here; set it with derive({side}=...)",
+                )
+                for side in ("delta_low", "delta_high")
             ),
             _TOKEN_MEAN_VERL,
             *_STD,

@@ -129,7 +129,9 @@ def test_dppo_constants_verl_core_algos(name: str) -> None:
     # verl 0.9.1: clip_ratio (0.2) read as the divergence threshold, clip_ratio_c = 20
     assert dppo.params == DivergenceMask(delta_low=0.2, delta_high=0.2, is_cap=20.0)
     assert dppo.aggregation is Aggregation.TOKEN_MEAN
-    assert any(u.knob == "params.delta_low/delta_high" for u in ALGORITHMS[name].unstated)
+    knobs = {u.knob for u in ALGORITHMS[name].unstated}
+    assert {"params.delta_low", "params.delta_high"} <= knobs
+    assert ALGORITHMS[name].derive(delta_high=0.1).loss.params == DivergenceMask(delta_high=0.1)
 
 
 def test_gpg_constants_arxiv_2504_02546() -> None:
