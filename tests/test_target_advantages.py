@@ -204,6 +204,80 @@ def reinforce_pp_openrlhf(rewards: torch.Tensor, response_mask: torch.Tensor) ->
     return torch.where(response_mask, (returns - mean) * var.clamp(min=1e-8).rsqrt(), 0.0)
 
 
+def grpo_std_floor(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """A 'safe' std floor of 1e-2 instead of the + 1e-6: wrong for small reward scales."""
+    out = torch.zeros_like(rewards)
+    for m in _groups(group_ids):
+        r = rewards[m]
+        if r.numel() > 1:
+            out[m] = (r - r.mean()) / r.std().clamp(min=1e-2)
+    return out
+
+
+def grpo_contiguous(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Assumes rows of a group are adjacent: splits wherever the id changes."""
+    out = torch.zeros_like(rewards)
+    start = 0
+    for i in range(1, rewards.numel() + 1):
+        if i == rewards.numel() or bool(group_ids[i] != group_ids[start]):
+            r = rewards[start:i]
+            if r.numel() > 1:
+                out[start:i] = (r - r.mean()) / (r.std() + 1e-6)
+            start = i
+    return out
+
+
+def gae_bootstraps_from_padding(
+    rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, dones: torch.Tensor
+) -> torch.Tensor:
+    """Differentiable GAE that bootstraps the last token from the value at the next column
+    (padding) instead of 0, and never masks."""
+    b, width = values.shape
+    last = response_mask.sum(dim=1) - 1
+    r = torch.zeros_like(values)
+    r[torch.arange(b), last] = rewards
+    nxt = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
+    cont = (~dones).to(values.dtype)
+    delta = r + cont * nxt - values
+    adv, acc = [], torch.zeros_like(values[:, 0])
+    for t in reversed(range(width)):
+        acc = delta[:, t] + 0.95 * cont[:, t] * acc
+        adv.append(acc)
+    a = torch.stack(adv[::-1], dim=1)
+    vals = a[response_mask]
+    return torch.where(response_mask, (a - vals.mean()) * torch.rsqrt(vals.var() + 1e-8), 0.0)
+
+
+def gae_whiten_padded_count(
+    rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, dones: torch.Tensor
+) -> torch.Tensor:
+    """Masked sums divided by the padded element count B * T."""
+    adv = _gae_loop(rewards, values, response_mask, dones, 1.0, 0.95)
+    m = response_mask.to(adv.dtype)
+    mean = (adv * m).sum() / m.numel()
+    var = (((adv - mean) * m) ** 2).sum() / (m.numel() - 1)
+    return torch.where(response_mask, (adv - mean) * torch.rsqrt(var + 1e-8), 0.0)
+
+
+class RunningBaseline:
+    """REINFORCE with a moving-average baseline kept across calls (stateful)."""
+
+    def __init__(self) -> None:
+        self.baseline = 0.0
+
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        out = grpo_loop(rewards, group_ids) - 0.01 * self.baseline
+        self.baseline = 0.9 * self.baseline + 0.1 * float(rewards.detach().mean())
+        return out
+
+
+def running_baseline(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    return _RUNNING(rewards, group_ids)
+
+
+_RUNNING = RunningBaseline()
+
+
 # ---------------------------------------------------------------- correct ones pass
 
 
@@ -267,6 +341,12 @@ def test_wrong_estimators_are_flagged_with_a_diagnosis(
         (grpo_batch_mean, "grpo", "group-isolation", "mixes groups"),
         (gae_whitens_padding, "gae", "value", "differ from the reference"),
         (grpo_in_place, "grpo", "inputs-unchanged", "modified its input 'rewards' in place"),
+        (grpo_std_floor, "grpo", "extreme-values", "differ from the reference"),
+        (grpo_contiguous, "grpo", "group-order", "depends on the order"),
+        (gae_bootstraps_from_padding, "gae", "no-gradient-leak", "gradient flows into padding"),
+        (gae_bootstraps_from_padding, "gae", "padding-values", "padding values reach the result"),
+        (gae_whiten_padded_count, "gae", "padding-columns", "depends on the padded width"),
+        (running_baseline, "grpo", "deterministic", "different"),
     ],
     ids=lambda x: getattr(x, "__name__", None) or (x if isinstance(x, str) else None),
 )

@@ -88,6 +88,54 @@ def per_token_wrong_dim(logits: T, response_mask: T) -> T:
     return -(logp.exp() * logp).sum(dim=-1)
 
 
+def per_token_in_place_shift(logits: T, response_mask: T) -> T:
+    """Shifts the caller's logits by their max in place to save memory."""
+    logits.data.sub_(logits.detach().amax(dim=-1, keepdim=True))
+    return entropy_verl_style(logits)
+
+
+def per_token_global_shift(logits: T, response_mask: T) -> T:
+    """One max over the whole tensor (padding included) instead of one per token."""
+    z = logits - logits.detach().max()
+    e = torch.exp(z)
+    p = e / e.sum(dim=-1, keepdim=True)
+    return -(p * torch.log(p)).sum(dim=-1)
+
+
+class _Tempered:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, logits: T, response_mask: T) -> T:
+        self.calls += 1  # a temperature schedule kept in the module
+        return bonus_ok(logits / (1.0 + 0.01 * self.calls), response_mask)
+
+
+_TEMPERED = _Tempered()
+
+
+def bonus_tempered(logits: T, response_mask: T) -> T:
+    return _TEMPERED(logits, response_mask)
+
+
+@pytest.mark.parametrize(
+    ("fn", "check", "words"),
+    [
+        (per_token_global_shift, "padding-values", "with other logits at padding"),
+        (bonus_padded_mean, "padding-columns", "with 3 more padding columns"),
+        (per_token_in_place_shift, "inputs-unchanged", "modified its input 'logits' in place"),
+        (bonus_tempered, "deterministic", "different"),
+    ],
+    ids=lambda x: getattr(x, "__name__", None) or (x if isinstance(x, str) else None),
+)
+def test_structural_bugs_fail_the_check_that_names_them(
+    fn: Callable[..., Any], check: str, words: str
+) -> None:
+    failed = _failed(_run(fn))
+    assert check in failed, sorted(failed)
+    assert words in failed[check].message, failed[check].message
+
+
 @pytest.mark.parametrize(
     ("fn", "options"),
     [

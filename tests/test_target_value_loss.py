@@ -102,6 +102,61 @@ def value_loss_clip_returns(values: T, old_values: T, returns: T, response_mask:
     return 0.5 * _masked_mean(torch.maximum(l1, l2), response_mask)
 
 
+def value_loss_capped(values: T, old_values: T, returns: T, response_mask: T) -> T:
+    """A 'robust' cap of the per-token loss at 100: wrong once errors are large."""
+    l1 = (values - returns) ** 2
+    l2 = (_clipped(values, old_values, 0.2) - returns) ** 2
+    return 0.5 * _masked_mean(torch.maximum(l1, l2).clamp(max=100.0), response_mask)
+
+
+def value_loss_return_scaled(values: T, old_values: T, returns: T, response_mask: T) -> T:
+    """Scales the returns by their mean magnitude over the whole padded tensor."""
+    scale = returns.abs().mean().detach() / _masked_mean(returns.abs(), response_mask).detach()
+    return value_loss_ok(values, old_values, returns * scale, response_mask)
+
+
+def value_loss_in_place(values: T, old_values: T, returns: T, response_mask: T) -> T:
+    loss = value_loss_ok(values, old_values, returns, response_mask)
+    returns.mul_(0.5)  # reuses the caller's buffer
+    return loss
+
+
+class _Stateful:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, values: T, old_values: T, returns: T, response_mask: T) -> T:
+        self.calls += 1  # a loss scale that alternates between calls (a stale buffer)
+        factor = 1.0 + 0.25 * (self.calls % 2)
+        return factor * value_loss_ok(values, old_values, returns, response_mask)
+
+
+_STATEFUL = _Stateful()
+
+
+def value_loss_stateful(values: T, old_values: T, returns: T, response_mask: T) -> T:
+    return _STATEFUL(values, old_values, returns, response_mask)
+
+
+@pytest.mark.parametrize(
+    ("fn", "check", "words"),
+    [
+        (value_loss_capped, "extreme-values", "differs from the reference"),
+        (value_loss_return_scaled, "padding-values", "with other values at padding"),
+        (value_loss_padded_mean, "padding-columns", "with 3 more padding columns"),
+        (value_loss_in_place, "inputs-unchanged", "modified its input 'returns' in place"),
+        (value_loss_stateful, "deterministic", "different"),
+    ],
+    ids=lambda x: getattr(x, "__name__", None) or (x if isinstance(x, str) else None),
+)
+def test_structural_bugs_fail_the_check_that_names_them(
+    fn: Callable[..., Any], check: str, words: str
+) -> None:
+    failed = _failed(_run(fn, "ppo"))
+    assert check in failed, sorted(failed)
+    assert words in failed[check].message, failed[check].message
+
+
 @pytest.mark.parametrize(
     ("fn", "reference", "options"),
     [
