@@ -72,3 +72,23 @@ def test_cancelling_advantages_keep_a_meaningful_scale() -> None:
     # Default (float32 accepted): 1e-9 is float32 rounding of O(1) terms, 1e-4 is not.
     assert Tolerance(torch.float64).value(1e-9, 1e-17, scale=2.0, n=4).ok
     assert not Tolerance(torch.float64).value(1e-4, 1e-17, scale=2.0, n=4).ok
+
+
+def test_native_scale_applies_to_arithmetic_in_the_input_dtype_only() -> None:
+    """Exact inputs: only the log-ratio rounds, so the input dtype's own arithmetic gets
+    the native scale; a coarser precision keeps the rounded-input scale (tolerance.md)."""
+    strict = Tolerance(torch.float64, strict=True)
+    assert strict.value(1.0 + 1e-13, 1.0, scale=100.0, n=1).ok
+    assert not strict.value(1.0 + 1e-13, 1.0, scale=100.0, n=1, native_scale=1.0).ok
+    default = Tolerance(torch.float64).value(1.0 + 1e-13, 1.0, 100.0, 1, native_scale=1.0)
+    assert default.ok and default.precision is torch.float32
+    g, one = torch.tensor([1.0 + 1e-13], dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    where = torch.ones(1, dtype=torch.bool)
+    assert strict.tensor(g, one, 100.0 * one, where)[0].ok
+    assert not strict.tensor(g, one, 100.0 * one, where, native_scale=one)[0].ok
+
+
+def test_kink_band_names_the_loosest_precision_and_whether_inputs_are_exact() -> None:
+    assert Tolerance(torch.float64).kink_band == (4 * 2.0**-24, False)
+    assert Tolerance(torch.float64, strict=True).kink_band == (4 * 2.0**-53, True)
+    assert Tolerance(torch.bfloat16, factor=2.0).kink_band == (8 * 2.0**-8, True)
