@@ -50,7 +50,7 @@ from .kl import categorical_kl, kl_estimate, kl_penalized_rewards, reverse_kl_su
 from .loss import PolicyLossOutput, covariance_selection, policy_loss
 from .ratios import ratio
 from .registry import ALGORITHMS, AlgorithmSpec, Unstated, describe_algorithm, get_algorithm
-from .surrogates import clip_region, surrogate
+from .surrogates import clip_region, kink_ratios, surrogate
 from .value import clipped_value_loss, value_loss_per_token
 
 __all__ = [
@@ -98,6 +98,7 @@ __all__ = [
     "gae",
     "get_algorithm",
     "grpo_advantages",
+    "kink_ratios",
     "kl_estimate",
     "kl_penalized_rewards",
     "microbatch_token_weights",

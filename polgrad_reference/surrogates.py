@@ -8,6 +8,8 @@ are explicit ``detach`` calls, each commented with the quantity it freezes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import (
@@ -15,13 +17,14 @@ from .config import (
     CovarianceSelection,
     DivergenceMask,
     GammaWeight,
+    PolicyLossConfig,
     QuadraticPenalty,
     SoftGate,
     SurrogateKind,
     SurrogateParams,
 )
 
-__all__ = ["clip_region", "surrogate"]
+__all__ = ["clip_region", "kink_ratios", "surrogate"]
 
 
 def _clamp(x: torch.Tensor, low: float | None, high: float | None) -> torch.Tensor:
@@ -254,3 +257,24 @@ def _selection(
     out = torch.zeros(mask.numel(), dtype=torch.bool, device=mask.device)
     out[chosen] = True
     return out.view_as(mask)
+
+
+def kink_ratios(cfg: PolicyLossConfig) -> tuple[float, ...]:
+    """The ratio values at which ``cfg``'s per-token loss changes branch, for tolerance
+    models that must not compare gradients across a kink: PPO-clip and Clip-Cov at
+    ``low``, ``high`` and the dual clip; CISPO at its truncation bounds; GMPO at
+    ``exp(-eps_low)`` and ``exp(eps_high)`` (its clip is in log space); KL-Cov at ``r = 1``
+    (``|log r|``). The others are smooth in the ratio (SAPO, PG, REINFORCE, DRO, VESPO) or
+    gate on probabilities rather than on the ratio (DPPO: ``p - p_old = delta`` or the
+    binary KL reaching ``delta``), and return ``()``. The values apply to the ratio of
+    ``cfg.ratio`` (a row's sequence ratio for the sequence kinds)."""
+    clip, kind = cfg.clip, cfg.surrogate
+    if kind in (SurrogateKind.PG_CLIP, SurrogateKind.CLIP_COV, SurrogateKind.CISPO):
+        bounds = (clip.low, clip.high, clip.dual_clip if kind is not SurrogateKind.CISPO else None)
+        return tuple(b for b in bounds if b is not None)
+    if kind is SurrogateKind.GMPO:
+        logs = (None if clip.eps_low is None else -clip.eps_low, clip.eps_high)
+        return tuple(math.exp(x) for x in logs if x is not None)
+    if kind is SurrogateKind.KL_COV:
+        return (1.0,)
+    return ()

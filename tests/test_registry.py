@@ -222,3 +222,14 @@ def test_derive_routes_params_fields_and_checks_aggregation_names() -> None:
         ALGORITHMS["dapo"].derive(surrogate="dro")
     with pytest.raises(ConfigError, match=r"unknown override\(s\) \['tau'\]; allowed: .*tau_neg"):
         ALGORITHMS["sapo"].derive(tau=1.0)
+
+
+def test_params_defaults_are_the_frameworks_defaults() -> None:
+    # verl 0.9.1 workers/config/actor.py PolicyLossConfig / ActorConfig; TRL 1.16.0 GRPOConfig
+    cov = CovarianceSelection()
+    assert (cov.fraction, cov.low, cov.high, cov.kl_coef, cov.seed) == (2e-4, 1.0, 5.0, 0.1, 0)
+    assert (SoftGate().tau_pos, SoftGate().tau_neg) == (1.0, 1.05)  # verl tau_pos/tau_neg, TRL
+    dm = DivergenceMask()
+    assert (dm.delta_low, dm.delta_high, dm.is_cap) == (0.2, 0.2, 20.0)  # clip_ratio*, _c = 20
+    gw = GammaWeight()
+    assert (gw.k_pos, gw.lambda_pos, gw.k_neg, gw.lambda_neg) == (2.0, 3.0, 3.0, 2.0)  # TRL vespo_*

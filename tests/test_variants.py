@@ -28,9 +28,11 @@ from polgrad_reference import (
     KLRatioWeight,
     PolicyLossConfig,
     QuadraticPenalty,
+    RatioKind,
     SoftGate,
     categorical_kl,
     covariance_selection,
+    kink_ratios,
     kl_estimate,
     policy_loss,
 )
@@ -743,3 +745,50 @@ def test_cispo_with_the_sequence_ratio_trl_sequence_level() -> None:
     assert torch.allclose(grad, torch.tensor([[-1.2, -1.2], [-1.0, -1.0]], dtype=F64), rtol=1e-14)
     with pytest.raises(ConfigError, match="ratio='token', 'sequence' or 'sequence_product' only"):
         PolicyLossConfig(ratio="sequence_token", surrogate="cispo")
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_kink_ratios_are_where_the_gradient_jumps(name: str) -> None:
+    """Token ratios a hair either side of each kink the reference names give different
+    gradients; a hair either side of 1.3 (a point no entry names) gives the same (within
+    rounding). Token-ratio entries only; the sequence kinds share the values per row."""
+    cfg = ALGORITHMS[name].loss.replace(kl=None, is_correction=None)
+    if cfg.ratio is not RatioKind.TOKEN:
+        cfg = cfg.replace(ratio="token")
+    kinks = kink_ratios(cfg)
+    for adv in (1.0, -1.0):
+
+        def grad_at(r: float, adv: float = adv) -> float:
+            batch = _row([[-0.7]], [[math.log(r)]], [adv])
+            if cfg.needs_selection:  # select the token, so the kl_cov penalty is live
+                return _grad_sel(cfg, batch)
+            return _grad(cfg, batch)[1].item()
+
+        for k in kinks:
+            jumps = abs(grad_at(k * (1 + 1e-7)) - grad_at(k * (1 - 1e-7))) > 1e-4
+            assert jumps or _one_sided(cfg, k, adv), (name, k, adv)
+        assert abs(grad_at(1.3 * (1 + 1e-7)) - grad_at(1.3 * (1 - 1e-7))) < 1e-5 or any(
+            abs(k - 1.3) < 1e-3 for k in kinks
+        )
+
+
+def _grad_sel(cfg: PolicyLossConfig, batch: dict[str, torch.Tensor]) -> float:
+    lp = batch["logprobs"].clone().requires_grad_()
+    sel = torch.ones_like(batch["response_mask"])
+    out = policy_loss(cfg, **{**batch, "logprobs": lp}, token_selection=sel)
+    (g,) = torch.autograd.grad(out.loss, lp)
+    return g.item()
+
+
+def _one_sided(cfg: PolicyLossConfig, k: float, adv: float) -> bool:
+    """A PPO-style bound acts on one advantage sign only (upper for A > 0, lower and dual
+    for A < 0); CISPO's truncated weight is continuous (its gradient -min(r, c) A does not
+    jump); and a selected Clip-Cov token has no gradient on either side."""
+    clip = cfg.clip
+    if cfg.surrogate.value in ("cispo", "clip_cov"):
+        return True
+    if cfg.surrogate.value == "gmpo":
+        return (adv > 0 and k < 1.0) or (adv < 0 and k > 1.0)
+    if adv > 0:
+        return k != clip.high
+    return k == clip.high
