@@ -25,7 +25,7 @@ from .config import (
 from .errors import ConfigError, InputError, NumericalError
 from .kl import k_values, ratio_weighted
 from .ratios import masked_log_ratio, ratio
-from .surrogates import _clamp, _selection, surrogate
+from .surrogates import _selection, surrogate
 
 __all__ = ["PolicyLossOutput", "covariance_selection", "policy_loss"]
 
@@ -122,6 +122,18 @@ _READS_LOGPROBS = frozenset(
     }
 )
 _READS_OLD = frozenset({SurrogateKind.DPPO_TV, SurrogateKind.DPPO_KL})
+# Surrogates that differentiate through the ratio itself. The others never do (REINFORCE,
+# DRO, GMPO, VESPO read log-ratios; CISPO and DPPO a detached truncation), so an
+# overflowing ratio is no error for them: their loss is probed instead.
+_RATIO_IN_GRAPH = frozenset(
+    {
+        SurrogateKind.PG_CLIP,
+        SurrogateKind.PG,
+        SurrogateKind.SAPO,
+        SurrogateKind.CLIP_COV,
+        SurrogateKind.KL_COV,
+    }
+)
 
 
 def _token_selection(
@@ -269,7 +281,7 @@ def _explain_failure(
     adv = t["advantages"]
     v.require_finite_where("advantages", adv, mask if adv.dim() == 2 else None)
     bad = ~torch.isfinite(out.ratio) & mask
-    if cfg.surrogate is not SurrogateKind.CISPO and bool(bad.any()):  # CISPO truncates it
+    if cfg.surrogate in _RATIO_IN_GRAPH and bool(bad.any()):
         lr = (t["logprobs"] - t["old_logprobs"]).detach()[bad].max().item()
         raise NumericalError(
             f"the importance ratio exp(logprobs - old_logprobs) overflows "
@@ -352,11 +364,9 @@ def policy_loss(
         params=cfg.params,
         selection=selection,
     )
-    # CISPO reads the ratio only through its truncation: probe what enters the loss.
-    r_used = (
-        r if cfg.surrogate is not SurrogateKind.CISPO else _clamp(r, cfg.clip.low, cfg.clip.high)
-    )
-    probes = [log_ratio.detach().sum(), r_used.detach().sum()]
+    probes = [log_ratio.detach().sum()]
+    if cfg.surrogate in _RATIO_IN_GRAPH:  # an inf ratio there would make NaN gradients
+        probes.append(r.detach().sum())
     del log_ratio  # autograd keeps what it needs; holding it would raise peak memory
 
     corr = cfg.is_correction

@@ -26,6 +26,7 @@ from polgrad_reference import (
     KLConfig,
     KLEstimator,
     KLRatioWeight,
+    NumericalError,
     PolicyLossConfig,
     QuadraticPenalty,
     RatioKind,
@@ -792,3 +793,36 @@ def _one_sided(cfg: PolicyLossConfig, k: float, adv: float) -> bool:
     if adv > 0:
         return k != clip.high
     return k == clip.high
+
+
+NO_RATIO_IN_GRAPH = [
+    "cispo",
+    "dppo_kl",
+    "dppo_tv",
+    "dro",
+    "gmpo",
+    "gpg",
+    "rloo",
+    "scalerl_cispo",
+    "vespo",
+]
+
+
+@pytest.mark.parametrize("name", NO_RATIO_IN_GRAPH)
+def test_an_overflowing_ratio_is_no_error_where_the_loss_never_differentiates_it(name: str) -> None:
+    """float32, log-ratio 100: exp overflows, but these surrogates read log-ratios or a
+    detached truncation, so loss and gradient are finite and no error is raised (a false
+    alarm otherwise). PPO-clip, whose gradient would be NaN, still raises
+    (tests/test_validation.py::test_ratio_overflow_is_reported_not_returned)."""
+    lp = torch.tensor([[-0.5, -1.0]])
+    batch = {
+        "logprobs": lp,
+        "old_logprobs": torch.tensor([[-0.5, -101.0]]),
+        "advantages": torch.tensor([1.0]),
+        "response_mask": torch.ones(1, 2, dtype=torch.bool),
+    }
+    cfg = ALGORITHMS[name].loss
+    loss, grad = _grad(cfg, batch)
+    assert math.isfinite(loss) and bool(torch.isfinite(grad).all())
+    with pytest.raises(NumericalError, match=r"overflows torch\.float32"):
+        policy_loss(PolicyLossConfig(), **batch)
