@@ -48,6 +48,27 @@ def cispo_loss(
     return compute_cispo_loss(logprobs, old_logprobs, advantages, response_mask)
 
 
+# One function, every aggregation mode it offers: each parameter set is checked against
+# the registry entry that means that mode (its own marker), the mode bound into the call.
+# Items: every_aggregation[agg=token-mean-ppo-value], ...; rows: every_aggregation[agg=...].
+
+
+@pytest.mark.parametrize(
+    "agg",
+    [
+        pytest.param("token-mean", marks=pytest.mark.polgrad_conforms("ppo", advantages="token")),
+        pytest.param(
+            "seq-mean-token-mean", marks=pytest.mark.polgrad_conforms("grpo", advantages="token")
+        ),
+    ],
+)
+def every_aggregation(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor, agg: str
+) -> Tensor:
+    loss, _ = compute_policy_loss(old_logprobs, logprobs, advantages, response_mask, agg=agg)
+    return loss
+
+
 # ------------------------------------------------------------------------ known deviations
 
 

@@ -76,7 +76,7 @@ def _subject(collector: Any, name: str, obj: object) -> tuple[object, list[Any]]
         mark = pytest.mark.polgrad_conforms(obj.args[0], **obj.kwargs).mark
         return obj.args[1], [mark, *_marks(obj.args[1])]
     marks = _marks(obj)
-    if not any(getattr(m, "name", None) == MARKER for m in marks):
+    if not any(getattr(m, "name", None) == MARKER for m in marks) and not _param_marked(marks):
         return None
     if inspect.isclass(obj):
         raise MarkerError(
@@ -95,6 +95,24 @@ def _subject(collector: Any, name: str, obj: object) -> tuple[object, list[Any]]
     if not callable(obj):
         raise MarkerError(f"marks {type(obj).__name__} {obj!r:.60}, which is not callable")
     return obj, marks
+
+
+def _param_marked(marks: list[Any]) -> bool:
+    """Whether a ``pytest.param`` of a ``parametrize`` mark carries a polgrad marker."""
+    for mark in marks:
+        values = (
+            mark.args[1]
+            if getattr(mark, "name", None) == "parametrize" and len(mark.args) > 1
+            else None
+        )
+        if not isinstance(values, (list, tuple)):
+            continue  # a generator is read once, by the items' own collection
+        for value in values:
+            if type(value).__name__ == "ParameterSet" and any(
+                getattr(getattr(m, "mark", m), "name", None) == MARKER for m in value.marks
+            ):
+                return True
+    return False
 
 
 def _idval(value: object, argname: str, index: int) -> str:
@@ -239,39 +257,39 @@ def targets(collector: Any, name: str, obj: object) -> list[Target] | None:
     assert callable(fn)
     from .engine import build_context, resolve_config
 
-    polgrad = [m for m in marks if getattr(m, "name", None) == MARKER]
+    function_marks = [m for m in marks if getattr(m, "name", None) == MARKER]
     others = tuple(m for m in marks if getattr(m, "name", None) not in (MARKER, "parametrize"))
-    sets = param_sets(marks)
     found: list[Target] = []
-    seen: set[str] = set()
-    for mark in polgrad:
-        options = parse_marker(tuple(mark.args), dict(mark.kwargs))
-        try:
-            config = resolve_config(options)
-        except (ValueError, TypeError) as exc:
-            raise MarkerError(f"{exc}{reference_hint(options, str(exc))}") from exc
-        if options.reference_id in seen:
+    for pid, params, param_marks in param_sets(marks):
+        own = [getattr(m, "mark", m) for m in param_marks]
+        # pytest.param(..., marks=pytest.mark.polgrad_conforms(...)) replaces the
+        # function's markers for that parameter set (e.g. one reference per mode).
+        polgrad = [m for m in own if m.name == MARKER] or function_marks
+        rest = tuple(m for m in own if m.name != MARKER)
+        label = f"{name}[{pid}]" if pid else name
+        if not polgrad:
             raise MarkerError(
-                f"two {MARKER} markers share the id {options.reference_id!r}; give one of "
-                "them id='...'"
+                f"parameter set {pid!r} has no {MARKER} marker (mark the function, or give "
+                "every pytest.param its own)"
             )
-        seen.add(options.reference_id)
-        checks = checks_for_options(options, config)
-        for pid, params, param_marks in sets:
-            label = f"{name}[{pid}]" if pid else name
-            bound = _bind(fn, params, label) if params else fn
+        bound = _bind(fn, params, label) if params else fn
+        seen: set[str] = set()
+        for mark in polgrad:
+            options = parse_marker(tuple(mark.args), dict(mark.kwargs))
+            try:
+                config = resolve_config(options)
+            except (ValueError, TypeError) as exc:
+                raise MarkerError(f"{exc}{reference_hint(options, str(exc))}") from exc
+            if options.reference_id in seen:
+                raise MarkerError(
+                    f"two {MARKER} markers share the id {options.reference_id!r}; give one "
+                    "of them id='...'"
+                )
+            seen.add(options.reference_id)
+            checks = checks_for_options(options, config)
             try:
                 build_context(bound, options, name=label)  # signature problems surface here
             except (AssertionError, ValueError, TypeError) as exc:
                 raise MarkerError(f"cannot check {label}: {exc}") from exc
-            found.append(
-                Target(
-                    name,
-                    pid,
-                    bound,
-                    options,
-                    checks,
-                    (*others, *(getattr(m, "mark", m) for m in param_marks)),
-                )
-            )
+            found.append(Target(name, pid, bound, options, checks, (*others, *rest)))
     return found

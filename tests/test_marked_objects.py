@@ -64,6 +64,14 @@ made_020 = make(0.2)
 @pytest.mark.polgrad_conforms("dapo", checks=("value", "golden"))
 def param(logprobs, old_logprobs, advantages, response_mask, hi, scale):
     return _dapo(logprobs, old_logprobs, advantages, response_mask, hi=hi) * scale
+
+
+@pytest.mark.parametrize("hi", [
+    pytest.param(0.28, marks=pytest.mark.polgrad_conforms("dapo", checks="value")),
+    pytest.param(0.2, marks=pytest.mark.polgrad_conforms("ppo", checks="value")),
+])
+def per_param(logprobs, old_logprobs, advantages, response_mask, hi):
+    return _dapo(logprobs, old_logprobs, advantages, response_mask, hi=hi)
 """
 
 
@@ -88,6 +96,8 @@ def test_every_marked_form_generates_its_items(pytester: pytest.Pytester) -> Non
         "param[scale=1.0-low-dapo-value]": "failed",
         "param[scale=1.0-hi=0.28-dapo-golden]": "failed",  # not recorded yet
         "param[scale=1.0-low-dapo-golden]": "failed",
+        "per_param[hi=0.28-dapo-value]": "passed",  # each parameter set its own reference
+        "per_param[hi=0.2-ppo-value]": "passed",
     }
     rows = {line.split()[0] for line in text.splitlines() if " policy_loss " in line}
     assert {"made_028", "made_020", "param[scale=1.0-hi=0.28]", "param[scale=1.0-low]"} <= rows
