@@ -2,7 +2,7 @@
 section 2), and the realistic-size batches every pool holds respect the user's caps.
 
 Search batches stay at most 8 rows x 256 tokens; each pool adds batches of
-``REALISTIC_SIZES`` (64 x 512 and 13 x 4096 by default), which the mutants
+``REALISTIC_SIZES`` (64 x 384 and 9 x 4096 by default), which the mutants
 below need: every one of them passes every check on batches of the search sizes.
 """
 
@@ -130,7 +130,7 @@ def test_realistic_batches_reach_the_sizes_and_are_ragged() -> None:
 
 def test_max_batch_and_max_length_cap_the_realistic_sizes() -> None:
     batches = _extras(max_batch=12, max_length=700)
-    assert [(b.batch_size, b.width) for b in batches] == [(12, 512), (12, 700)]
+    assert [(b.batch_size, b.width) for b in batches] == [(12, 384), (9, 700)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
