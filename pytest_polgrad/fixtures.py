@@ -7,9 +7,17 @@ from typing import Any
 
 import torch
 
-from polgrad_reference import PolicyLossConfig, PolicyLossOutput, get_algorithm, policy_loss
+from polgrad_reference import (
+    ALGORITHMS,
+    ConfigError,
+    PolicyLossConfig,
+    PolicyLossOutput,
+    get_algorithm,
+    policy_loss,
+)
 
 from .corpus import canonical_corpus
+from .options import did_you_mean
 
 __all__ = ["make_batch", "make_oracle"]
 
@@ -21,6 +29,11 @@ def make_oracle(
     if isinstance(reference, PolicyLossConfig):
         cfg = reference.replace(**overrides) if overrides else reference
     else:
+        if reference not in ALGORITHMS:
+            raise ConfigError(
+                f"polgrad_oracle: unknown algorithm {reference!r}"
+                f"{did_you_mean(reference, ALGORITHMS)}; known: {', '.join(sorted(ALGORITHMS))}"
+            )
         cfg = get_algorithm(reference).derive(**overrides).loss
 
     def oracle(**batch: torch.Tensor) -> PolicyLossOutput:
@@ -37,5 +50,8 @@ def make_batch(
     """A canonical corpus batch by name (see :func:`pytest_polgrad.corpus.canonical_corpus`)."""
     corpus = canonical_corpus(dtype=dtype, advantages=advantages)
     if name not in corpus:
-        raise ValueError(f"unknown canonical batch {name!r}; known: {', '.join(corpus)}")
+        raise ValueError(
+            f"polgrad_batch: unknown canonical batch {name!r}{did_you_mean(name, corpus)}; "
+            f"known: {', '.join(corpus)}"
+        )
     return corpus[name]

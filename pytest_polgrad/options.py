@@ -78,8 +78,17 @@ def did_you_mean(name: object, choices: Iterable[str]) -> str:
     """``" (did you mean 'grpo'?)"`` for the closest of ``choices`` (difflib), else ``""``."""
     if not isinstance(name, str):
         return ""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    options = list(choices)
+    close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+    if not close:
+        return ""
+
+    def score(choice: str) -> tuple[float, bool]:
+        ratio = difflib.SequenceMatcher(None, name, choice).ratio()
+        return ratio, sorted(choice) == sorted(name)  # a transposition ('gpro') wins ties
+
+    best = max(close, key=score)
+    return f" (did you mean {best!r}?)"
 
 
 @dataclasses.dataclass(frozen=True)

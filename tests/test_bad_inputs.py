@@ -111,6 +111,22 @@ def test_bad_assert_conforms_calls(
         assert_conforms(fn, reference, max_examples=2, **options)
 
 
+# ------------------------------------------------------------------ fixtures
+
+FIXTURE_CASES: list[tuple[str, str, str]] = [
+    ("make_oracle", "gpro", r"unknown algorithm 'gpro' \(did you mean 'grpo'\?\)"),
+    ("make_batch", "raged", r"unknown canonical batch 'raged' \(did you mean 'ragged'\?\)"),
+]
+
+
+@pytest.mark.parametrize(("factory", "name", "words"), FIXTURE_CASES)
+def test_bad_fixture_names(factory: str, name: str, words: str) -> None:
+    from pytest_polgrad import fixtures
+
+    with pytest.raises(ValueError, match=words):
+        getattr(fixtures, factory)(name)
+
+
 # ------------------------------------------------------------------ the which CLI
 
 WHICH_MODULE = """
@@ -294,6 +310,7 @@ def test_a_failed_write_is_reported_as_such(
 BAD_INPUT_COUNT = (
     len(MARKER_CASES)
     + len(API_CASES)
+    + len(FIXTURE_CASES)
     + len(WHICH_CASES)
     + len(STARTUP_CASES)
     + len(SNAPSHOT_CASES)
@@ -303,4 +320,4 @@ BAD_INPUT_COUNT = (
 
 
 def test_the_count_of_bad_inputs() -> None:
-    assert BAD_INPUT_COUNT == 72
+    assert BAD_INPUT_COUNT == 74
