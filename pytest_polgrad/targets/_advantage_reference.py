@@ -136,7 +136,8 @@ class AdvantageReference:
         """Reference names whose config equals this one (with the default whitening)."""
         if self.eps_in_sqrt or self.ignore_dones:
             return []
-        if self.whitening not in (None, self.whitener) and self.whitens:
+        default = dataclasses.replace(REFERENCE_WHITENING, unbiased=self.config.unbiased_std)
+        if self.whitens and self.whitening not in (None, default):
             return []
         return [n for n, cfg in REFERENCES.items() if cfg == self.config]
 

@@ -692,6 +692,8 @@ def _error(
 
 def _label(ref: AdvantageReference) -> str:
     names = ref.names()
+    if len(names) > 3:
+        names = [*names[:3], f"and {len(names) - 3} more registry entries"]
     return ref.describe() + (f" — {', '.join(names)}" if names else "")
 
 
@@ -728,4 +730,4 @@ def diagnose_advantages(ctx: AdvantagesContext, inputs: Any) -> Diagnosis:
         if not ok:
             text += "; that match does not hold on the failing batch (a batch-dependent deviation)"
     short = best.names()
-    return Diagnosis(text, ", ".join(short) if short else best.describe())
+    return Diagnosis(text, short[0] if short else best.describe())
