@@ -540,8 +540,11 @@ class SoftGate(_Derivable):
 
 @dataclasses.dataclass(frozen=True)
 class DivergenceMask(_Derivable):
-    """DPPO's trust-region thresholds and IS truncation (verl 0.9.1 reads ``clip_ratio`` /
-    ``_low`` / ``_high`` as the thresholds, default 0.2, and ``clip_ratio_c`` = 20 as the cap)."""
+    """DPPO's trust-region thresholds and IS truncation. verl 0.9.1 reads ``clip_ratio`` /
+    ``_low`` / ``_high`` as the thresholds (default 0.2) and ``clip_ratio_c`` as the cap: its
+    loss function falls back to 20 (a large cap, as arXiv:2602.04879 Sec. 5.4 recommends),
+    but ``ActorConfig.clip_ratio_c`` defaults to 3.0 (the dual-clip constant), so a default
+    verl run truncates at 3."""
 
     delta_low: float = 0.2
     delta_high: float = 0.2
@@ -588,8 +591,9 @@ class GammaWeight(_Derivable):
 class CovarianceSelection(_Derivable):
     """Clip-Cov / KL-Cov token selection (arXiv:2505.22617; verl 0.9.1 defaults,
     workers/config/actor.py ``PolicyLossConfig``: fraction ``2e-4`` of the response tokens,
-    at least one; clip_cov's covariance window ``(low, high) = (1, 5)``; kl_cov's
-    ``ppo_kl_coef = 0.1``, the config's default; the loss function's own fallback is 1.0).
+    at least one; clip_cov's covariance window ``(low, high) = (1, 5)``). ``kl_coef = 1`` is
+    the loss function's own coefficient (``compute_policy_loss_kl_cov`` falls back to 1.0);
+    a default verl run passes its config's ``ppo_kl_coef = 0.1`` instead.
 
     Clip-Cov draws ``k`` of its candidates at random (verl: ``torch.randperm`` on the
     global RNG). Here the draw uses a generator seeded with ``seed`` (unless a generator or
@@ -601,7 +605,7 @@ class CovarianceSelection(_Derivable):
     fraction: float = 2e-4
     low: float = 1.0
     high: float = 5.0
-    kl_coef: float = 0.1
+    kl_coef: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -309,6 +309,14 @@ _TOKEN_MEAN_VERL = Unstated(
 )
 
 
+_DPPO_CAP = Unstated(
+    "params.is_cap",
+    20.0,
+    "verl's loss function falls back to 20 (arXiv:2602.04879 Sec. 5.4: a large cap), but "
+    "ActorConfig.clip_ratio_c defaults to 3.0, so a default verl run truncates at 3",
+)
+
+
 def _grpo_is(corr: ISCorrection) -> PolicyLossConfig:
     """The GRPO paper's loss (no KL) under a rollout IS correction."""
     return PolicyLossConfig(
@@ -380,7 +388,7 @@ _VARIANTS = (
         sources=(
             "arXiv:2602.04879 (divergence trust region on the sampled token's probability)",
             "arXiv:2602.04879 Sec. 5.4 (truncated IS weight with a large cap instead of dual clip)",
-            f"{_VERL} compute_policy_loss_dppo_tv (cap clip_ratio_c = 20)",
+            f"{_VERL} compute_policy_loss_dppo_tv (cap clip_ratio_c, function fallback 20)",
         ),
         unstated=(
             *(
@@ -392,6 +400,7 @@ _VARIANTS = (
                 )
                 for side in ("delta_low", "delta_high")
             ),
+            _DPPO_CAP,
             _TOKEN_MEAN_VERL,
             *_STD,
         ),
@@ -407,7 +416,7 @@ _VARIANTS = (
         advantage=_GRPO_ADV,
         sources=(
             "arXiv:2602.04879 (binary KL between Bernoulli(p_old) and Bernoulli(p))",
-            f"{_VERL} compute_policy_loss_dppo_kl (cap clip_ratio_c = 20)",
+            f"{_VERL} compute_policy_loss_dppo_kl (cap clip_ratio_c, function fallback 20)",
         ),
         unstated=(
             *(
@@ -419,6 +428,7 @@ _VARIANTS = (
                 )
                 for side in ("delta_low", "delta_high")
             ),
+            _DPPO_CAP,
             _TOKEN_MEAN_VERL,
             *_STD,
         ),
@@ -475,17 +485,22 @@ _VARIANTS = (
         loss=PolicyLossConfig(
             surrogate=SurrogateKind.KL_COV,
             aggregation=Aggregation.TOKEN_MEAN,
-            params=CovarianceSelection(fraction=2e-4, kl_coef=0.1),
+            params=CovarianceSelection(fraction=2e-4, kl_coef=1.0),
         ),
         advantage=_GRPO_ADV,
         sources=(
             "arXiv:2505.22617 Sec. 4 (KL penalty |log r| on the top-k covariance tokens)",
-            f"{_VERL} compute_policy_loss_kl_cov (fraction 2e-4)",
-            "verl 0.9.1 verl/workers/config/actor.py PolicyLossConfig (ppo_kl_coef = 0.1)",
+            f"{_VERL} compute_policy_loss_kl_cov (fraction 2e-4, coefficient 1.0)",
         ),
         unstated=(
             Unstated(
                 "token_selection", "top-k, ties by lowest index", "verl's topk leaves ties open"
+            ),
+            Unstated(
+                "params.kl_coef",
+                1.0,
+                "the loss function's coefficient; verl's ActorConfig passes ppo_kl_coef = 0.1 "
+                "(verl/workers/config/actor.py): set it with derive(kl_coef=0.1)",
             ),
             _TOKEN_MEAN_VERL,
             *_STD,

@@ -130,7 +130,7 @@ def test_dppo_constants_verl_core_algos(name: str) -> None:
     assert dppo.params == DivergenceMask(delta_low=0.2, delta_high=0.2, is_cap=20.0)
     assert dppo.aggregation is Aggregation.TOKEN_MEAN
     knobs = {u.knob for u in ALGORITHMS[name].unstated}
-    assert {"params.delta_low", "params.delta_high"} <= knobs
+    assert {"params.delta_low", "params.delta_high", "params.is_cap"} <= knobs
     assert ALGORITHMS[name].derive(delta_high=0.1).loss.params == DivergenceMask(delta_high=0.1)
 
 
@@ -146,8 +146,9 @@ def test_covariance_constants_arxiv_2505_22617_verl() -> None:
     clip_cov, kl_cov = _loss("clip_cov"), _loss("kl_cov")
     assert clip_cov.params == CovarianceSelection(fraction=2e-4, low=1.0, high=5.0)
     assert (clip_cov.clip.eps_low, clip_cov.clip.eps_high) == (0.2, 0.2)
-    # verl 0.9.1 workers/config/actor.py: ppo_kl_coef = 0.1 (the function falls back to 1.0)
-    assert kl_cov.params == CovarianceSelection(fraction=2e-4, kl_coef=0.1)
+    # verl 0.9.1 compute_policy_loss_kl_cov's own coefficient 1.0; ActorConfig passes 0.1
+    assert kl_cov.params == CovarianceSelection(fraction=2e-4, kl_coef=1.0)
+    assert any(u.knob == "params.kl_coef" and u.value == 1.0 for u in ALGORITHMS["kl_cov"].unstated)
     assert clip_cov.needs_selection and kl_cov.needs_selection
 
 
@@ -227,7 +228,7 @@ def test_derive_routes_params_fields_and_checks_aggregation_names() -> None:
 def test_params_defaults_are_the_frameworks_defaults() -> None:
     # verl 0.9.1 workers/config/actor.py PolicyLossConfig / ActorConfig; TRL 1.16.0 GRPOConfig
     cov = CovarianceSelection()
-    assert (cov.fraction, cov.low, cov.high, cov.kl_coef, cov.seed) == (2e-4, 1.0, 5.0, 0.1, 0)
+    assert (cov.fraction, cov.low, cov.high, cov.kl_coef, cov.seed) == (2e-4, 1.0, 5.0, 1.0, 0)
     assert (SoftGate().tau_pos, SoftGate().tau_neg) == (1.0, 1.05)  # verl tau_pos/tau_neg, TRL
     dm = DivergenceMask()
     assert (dm.delta_low, dm.delta_high, dm.is_cap) == (0.2, 0.2, 20.0)  # clip_ratio*, _c = 20
