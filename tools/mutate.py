@@ -3,7 +3,7 @@
     python tools/mutate.py [MODULE ...] [--timeout S] [--max-mutants N]
 
 Each module of ``tools/mutate.toml`` (or those named) is mutated in a copy of the working
-tree, ``build/mutate/tree`` (the files git tracks or would track), never in place: other
+tree, ``build/mutate/tree-<module>`` (the files git tracks or would track), never in place: other
 work in the tree is untouched and an interrupted run leaves nothing mutated behind. The
 copy is first on ``PYTHONPATH``, so the tests and the pytest plugin import the mutated
 code, not the editable install. Per module the output is the score (killed / all, a
@@ -55,12 +55,12 @@ def copy_tree(dest: Path) -> None:
             shutil.copy2(src, target)
 
 
-def test_command(tests: list[str]) -> str:
+def test_command(tests: list[str], tree: Path) -> str:
     """One module's targeted tests, serial, importing the copy (``PYTHONPATH``)."""
     return shlex.join(
         [
             "env",
-            f"PYTHONPATH={OUT / 'tree'}",
+            f"PYTHONPATH={tree}",
             sys.executable,
             "-m",
             "pytest",
@@ -75,14 +75,16 @@ def test_command(tests: list[str]) -> str:
     )
 
 
-def cosmic_config(module: str, tests: list[str], timeout: float, excluded: list[str]) -> str:
+def cosmic_config(
+    module: str, tests: list[str], timeout: float, excluded: list[str], tree: Path
+) -> str:
     return "\n".join(
         [
             "[cosmic-ray]",
             f"module-path = {json.dumps(module)}",
             f"timeout = {float(timeout)}",
             "excluded-modules = []",
-            f"test-command = {json.dumps(test_command(tests))}",
+            f"test-command = {json.dumps(test_command(tests, tree))}",
             "",
             "[cosmic-ray.distributor]",
             'name = "local"',
@@ -117,10 +119,11 @@ def describe(item: dict[str, Any], result: dict[str, Any] | None) -> str:
 
 
 def mutate(module: str, tests: list[str], timeout: float, excluded: list[str], limit: int) -> str:
-    tree = OUT / "tree"
     name = module.replace("/", "_").removesuffix(".py")
+    tree = OUT / f"tree-{name}"  # one copy per module: runs of two modules may overlap
+    copy_tree(tree)
     config, session = OUT / f"{name}.toml", OUT / f"{name}.sqlite"
-    config.write_text(cosmic_config(module, tests, timeout, excluded), encoding="utf-8")
+    config.write_text(cosmic_config(module, tests, timeout, excluded, tree), encoding="utf-8")
     session.unlink(missing_ok=True)
     for step in (
         (BIN / "cosmic-ray", "init", config, session),
@@ -129,7 +132,7 @@ def mutate(module: str, tests: list[str], timeout: float, excluded: list[str], l
         done = _run(*step, cwd=tree)
         if done.returncode != 0:
             raise SystemExit(f"{step[0]} failed for {module}:\n{done.stdout}{done.stderr}")
-    baseline = _run(*shlex.split(test_command(tests)), cwd=tree)
+    baseline = _run(*shlex.split(test_command(tests, tree)), cwd=tree)
     if baseline.returncode != 0:
         raise SystemExit(f"the tests of {module} fail unmutated:\n{baseline.stdout[-3000:]}")
     if limit:
@@ -155,11 +158,17 @@ def mutate(module: str, tests: list[str], timeout: float, excluded: list[str], l
 
 
 def _limit(session: Path, limit: int, cwd: Path) -> None:
-    """Keep ``limit`` pending mutants, spread evenly over the module (a quick sample)."""
+    """Keep ``limit`` of the pending mutants, spread evenly over the module (a sample)."""
     import sqlite3
 
     with sqlite3.connect(session) as db:
-        ids = [row[0] for row in db.execute("SELECT job_id FROM work_items ORDER BY rowid")]
+        ids = [
+            row[0]
+            for row in db.execute(
+                "SELECT job_id FROM work_items WHERE job_id NOT IN "
+                "(SELECT job_id FROM work_results) ORDER BY rowid"
+            )
+        ]
         if len(ids) <= limit:
             return
         step = len(ids) / limit
@@ -181,7 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"not in tools/mutate.toml: {unknown}; known: {list(modules)}")
     OUT.mkdir(parents=True, exist_ok=True)
-    copy_tree(OUT / "tree")
     report = ["# Mutation report (tools/mutate.py)", ""]
     for module in args.module or list(modules):
         section = mutate(

@@ -1,0 +1,155 @@
+"""``polgrad_reference.surrogates``: each surrogate's per-token value and gradient by hand,
+on both sides of every clip, and ``clip_region`` at its open boundaries.
+
+The values are worked out in the comments (clip eps 0.2 / 0.28: bounds 0.8 and 1.28; CISPO
+eps_high 2: cap 3; dual clip c = 3). These call :func:`surrogate` directly, so a mutant of
+one branch fails here by name, before any aggregation or registry entry is involved.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from polgrad_reference import ClipConfig, SurrogateKind, clip_region
+from polgrad_reference.config import QuadraticPenalty, SoftGate
+from polgrad_reference.surrogates import surrogate
+
+F64 = torch.float64
+CLIP = ClipConfig(eps_low=0.2, eps_high=0.28)
+
+
+def _value_and_grads(
+    kind: SurrogateKind,
+    ratios: list[float],
+    adv: list[float],
+    clip: ClipConfig = CLIP,
+    **kw: object,
+) -> tuple[list[float], list[float], list[float]]:
+    """Per-token loss and its gradients with respect to ``ratio`` and ``logprobs``."""
+    ratio = torch.tensor([ratios], dtype=F64, requires_grad=True)
+    lp = torch.full_like(ratio, -0.5).requires_grad_()
+    out = surrogate(
+        kind,
+        ratio=ratio,
+        advantages=torch.tensor([adv], dtype=F64),
+        logprobs=lp,
+        clip=clip,
+        log_ratio=ratio.detach().log(),
+        **kw,  # type: ignore[arg-type]
+    )
+    g_r, g_lp = torch.autograd.grad(out.sum(), (ratio, lp), allow_unused=True)
+    zeros = [0.0] * len(ratios)
+    return (
+        out.detach()[0].tolist(),
+        zeros if g_r is None else g_r[0].tolist(),
+        zeros if g_lp is None else g_lp[0].tolist(),
+    )
+
+
+def test_pg_clip_positive_advantage_clips_above_only() -> None:
+    # A = +1: -min(r, clip(r)) = -0.5, -0.9, -1.28 (clipped at 1.28: zero gradient)
+    value, g_r, _ = _value_and_grads(SurrogateKind.PG_CLIP, [0.5, 0.9, 1.5], [1.0, 1.0, 1.0])
+    assert value == pytest.approx([-0.5, -0.9, -1.28], abs=1e-15)
+    assert g_r == [-1.0, -1.0, 0.0]
+
+
+def test_pg_clip_negative_advantage_clips_below_only() -> None:
+    # A = -1: max(r, clip(r)) = 0.8 (clipped at 0.8: zero gradient), 0.9, 1.5
+    value, g_r, _ = _value_and_grads(SurrogateKind.PG_CLIP, [0.5, 0.9, 1.5], [-1.0] * 3)
+    assert value == pytest.approx([0.8, 0.9, 1.5], abs=1e-15)
+    assert g_r == [0.0, 1.0, 1.0]
+
+
+def test_dual_clip_caps_negative_advantage_losses_at_c() -> None:
+    # A = -2, c = 3: min(max(2r, 2 clip(r)), 6) = 4 (r = 2), 6 (r = 4, capped: no gradient);
+    # A = +2 tokens are untouched by the dual clip: -min(2r, 2 clip(r)) = -2.56, -2.56
+    dual = ClipConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0)
+    value, g_r, _ = _value_and_grads(
+        SurrogateKind.PG_CLIP, [2.0, 4.0, 2.0, 4.0], [-2.0, -2.0, 2.0, 2.0], clip=dual
+    )
+    assert value == pytest.approx([4.0, 6.0, -2.56, -2.56], abs=1e-15)
+    assert g_r == [2.0, 0.0, 0.0, 0.0]
+
+
+def test_pg_and_reinforce() -> None:
+    value, g_r, g_lp = _value_and_grads(SurrogateKind.PG, [0.5, 2.0], [1.0, -3.0])
+    assert (value, g_r, g_lp) == ([-0.5, 6.0], [-1.0, 3.0], [0.0, 0.0])
+    value, g_r, g_lp = _value_and_grads(SurrogateKind.REINFORCE, [0.5, 2.0], [1.0, -3.0])
+    # -A log pi with log pi = -0.5; the ratio is ignored
+    assert (value, g_r, g_lp) == ([0.5, -1.5], [0.0, 0.0], [-1.0, 3.0])
+
+
+def test_cispo_weight_is_truncated_at_the_cap_and_detached() -> None:
+    """``-sg(min(r, 3)) A log pi``: the gradient reaches log pi with the truncated
+    weight, on both sides of the cap, and never reaches the ratio."""
+    cispo = ClipConfig(eps_low=None, eps_high=2.0)
+    value, g_r, g_lp = _value_and_grads(
+        SurrogateKind.CISPO, [0.5, 2.0, 4.0], [1.0, 1.0, 1.0], clip=cispo
+    )
+    assert value == pytest.approx([0.25, 1.0, 1.5], abs=1e-15)  # -w * 1 * (-0.5)
+    assert g_lp == [-0.5, -2.0, -3.0]
+    assert g_r == [0.0, 0.0, 0.0]
+
+
+def test_cispo_with_a_lower_bound_truncates_below_too() -> None:
+    both = ClipConfig(eps_low=0.2, eps_high=0.28)
+    _, _, g_lp = _value_and_grads(SurrogateKind.CISPO, [0.5, 1.0, 1.5], [-1.0] * 3, clip=both)
+    assert g_lp == pytest.approx([0.8, 1.0, 1.28], abs=1e-15)
+
+
+def test_sapo_gate_values_and_unit_slope_at_one() -> None:
+    """``-(4/tau) sigmoid(tau (r - 1)) A``, tau_pos = 1 for A > 0, tau_neg = 1.05 else."""
+    gate = SoftGate(tau_pos=1.0, tau_neg=1.05)
+    value, g_r, _ = _value_and_grads(
+        SurrogateKind.SAPO, [1.0, 1.0, 1.5, 1.0], [1.0, -1.0, 1.0, 0.0], params=gate
+    )
+    sig = 1.0 / (1.0 + math.exp(-0.5))
+    assert value == pytest.approx([-2.0, 2.0 / 1.05, -4.0 * sig, 0.0], abs=1e-15)
+    # d/dr at r = 1 is -(4/tau) tau / 4 A = -A: the policy gradient on-policy
+    assert g_r[:2] == pytest.approx([-1.0, 1.0], abs=1e-15)
+    assert g_r[2] == pytest.approx(-4.0 * sig * (1.0 - sig), abs=1e-15)
+
+
+def test_dro_adds_the_quadratic_penalty() -> None:
+    # -A log pi + beta/2 (log r)^2 with beta = 1, log pi = -0.5
+    value, _, g_lp = _value_and_grads(
+        SurrogateKind.DRO, [1.0, math.e], [2.0, 2.0], params=QuadraticPenalty(beta=1.0)
+    )
+    assert value == pytest.approx([1.0, 1.5], abs=1e-15)
+    assert g_lp == [-2.0, -2.0]  # log_ratio is passed detached here
+
+
+@pytest.mark.parametrize(
+    ("ratio", "adv", "inside"),
+    [
+        (1.28, 1.0, False),  # open boundary: at r = high the gradient is still non-zero
+        (1.28 + 1e-12, 1.0, True),
+        (1.28 + 1e-12, -1.0, False),  # A < 0 is not clipped above
+        (0.8, -1.0, False),
+        (0.8 - 1e-12, -1.0, True),
+        (0.8 - 1e-12, 1.0, False),
+        (5.0, 0.0, False),  # A = 0: never in the region
+    ],
+)
+def test_clip_region_boundaries(ratio: float, adv: float, inside: bool) -> None:
+    got = clip_region(
+        ratio=torch.tensor([[ratio]], dtype=F64),
+        advantages=torch.tensor([[adv]], dtype=F64),
+        clip=CLIP,
+    )
+    assert bool(got) is inside
+
+
+def test_clip_region_dual_clip_and_absolute_bounds() -> None:
+    dual = ClipConfig(eps_low=0.2, eps_high=0.28, dual_clip=3.0)
+    r = torch.tensor([[3.0, 3.0 + 1e-12, 2.0]], dtype=F64)
+    a = torch.full_like(r, -1.0)
+    assert clip_region(ratio=r, advantages=a, clip=dual).tolist() == [[False, True, False]]
+    absolute = ClipConfig(eps_low=None, eps_high=5.0, bounds="absolute")
+    r = torch.tensor([[5.0, 5.5, 0.01]], dtype=F64)
+    assert clip_region(ratio=r, advantages=torch.ones_like(r), clip=absolute).tolist() == [
+        [False, True, False]
+    ]
