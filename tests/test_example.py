@@ -1,4 +1,5 @@
-"""The demo reproduces the published table of SEED.md exactly."""
+"""The demo reproduces the table in README.md ("What the demo prints") exactly: the numbers
+of the project's founding description, which lives outside this repository."""
 
 from __future__ import annotations
 
