@@ -115,7 +115,7 @@ CASES = {
     # name: (state changes, extra args, serial?, xdist?)
     "x-first-fails": ({"raise": [0]}, ["-x"], True, True),
     "maxfail-2": ({"raise": [0, 1]}, ["--maxfail=2"], True, True),
-    "ctrl-c": ({"interrupt": 2}, [], True, False),
+    "ctrl-c": ({"interrupt": 2}, [], True, True),
     "collection-error": ({}, ["COLLECTION_ERROR"], True, True),
     "crashed-worker": ({"crash": 2}, [], False, True),
 }
