@@ -229,10 +229,15 @@ def _representable(name: str, out: torch.Tensor, where: torch.Tensor | None = No
         bad = bad & where
     if bool(bad.any()):
         top = torch.finfo(out.dtype).max
+        advice = (
+            "rescale the rewards (and values)"
+            if out.dtype == torch.float64
+            else "compute in float64 or rescale the rewards (and values)"
+        )
         raise NumericalError(
             f"{name} overflow {out.dtype} (largest finite {top:.6g}) at positions "
             f"{v.format_positions(bad)}: the true values are not representable in this "
-            "dtype; compute in a wider dtype (float32 or float64) or rescale the rewards"
+            f"dtype; {advice}"
         )
 
 

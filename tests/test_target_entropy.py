@@ -82,6 +82,14 @@ def bonus_padded_mean(logits: T, response_mask: T) -> T:
     return (entropy_verl_style(logits) * response_mask).mean()
 
 
+def bonus_sum(logits: T, response_mask: T) -> T:
+    return torch.where(response_mask, entropy_verl_style(logits), 0.0).sum()
+
+
+def per_token_negated(logits: T, response_mask: T) -> T:
+    return -entropy_verl_style(logits)
+
+
 def per_token_wrong_dim(logits: T, response_mask: T) -> T:
     """softmax over the time axis instead of the vocabulary."""
     logp = torch.log_softmax(logits, dim=1)
@@ -166,6 +174,8 @@ def test_correct_entropies_pass_every_check(
         (bonus_negated, "value", "token-mean of -H of the softmax in nats"),
         (bonus_seq_mean, "value", "seq-mean-token-mean of H"),
         (bonus_padded_mean, "value", "token-sum-norm (padded width) of H"),
+        (bonus_sum, "value", "token-sum of H of the softmax in nats"),
+        (per_token_negated, "value", "per-token -H of the softmax in nats"),
     ],
     ids=lambda x: getattr(x, "__name__", None) or (x if isinstance(x, str) else None),
 )
