@@ -6,6 +6,7 @@ made by a factory and collected under another name, and for one that cannot be i
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -82,21 +83,60 @@ CASES: list[tuple[str, str, Callable[..., Any], dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("check", "reference", "wrong", "options", "shown"),
-    CASES,
-    ids=[f"{c[0]}-{c[3].get('layout', 'right')}" for c in CASES],
-)
+IDS = [f"{c[0]}-{c[3].get('layout', 'right')}" for c in CASES]
+
+DRIVER = """
+import contextlib, io, json, os, runpy, sys, traceback
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file`
+out = {}
+for case, path, cwd in json.loads(sys.argv[1]):
+    os.chdir(cwd)
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            runpy.run_path(path, run_name="__main__")
+    except BaseException:
+        out[case] = "FAILED\\n" + traceback.format_exc()
+    else:
+        out[case] = buffer.getvalue()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every case's snippet, each saved as its own file outside the directory it runs
+    from, run in one fresh interpreter (one torch import instead of one per case)."""
+    tmp = tmp_path_factory.mktemp("snippets")
+    jobs = []
+    for case, (check, reference, wrong, options, _) in zip(IDS, CASES, strict=True):
+        instruction, code = _snippet(_failing(wrong, reference, check, **options))
+        path = tmp / f"{case}.py"
+        path.write_text(code)
+        jobs.append((case, str(path), _run_from(instruction)))
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    results: dict[str, str] = json.loads(out.stdout)
+    return results
+
+
+@pytest.mark.parametrize(("check", "reference", "wrong", "options", "shown"), CASES, ids=IDS)
 def test_the_snippet_reproduces_the_check(
     check: str,
     reference: str,
     wrong: Any,
     options: dict[str, Any],
     shown: str,
-    tmp_path: Path,
+    reproduced: dict[str, str],
 ) -> None:
-    instruction, code = _snippet(_failing(wrong, reference, check, **options))
-    stdout = _execute(code, tmp_path, _run_from(instruction))
+    stdout = reproduced[f"{check}-{options.get('layout', 'right')}"]
+    assert not stdout.startswith("FAILED"), stdout
     assert shown in stdout, stdout
     if check == "value":
         printed = stdout.split()
