@@ -50,7 +50,7 @@ def _recorded(case: Case) -> dict[str, dict[str, object]]:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_recorded_outputs_equal_the_claimed_reference(case: Case) -> None:
-    diff = compare_outputs(reference_outputs(case, case.equals), _recorded(case))
+    diff = compare_outputs(reference_outputs(case, case.equals), _recorded(case), rtol=case.rtol)
     assert not diff, f"{case.id} does not equal {case.equals.describe()}:\n" + "\n".join(diff)
 
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -101,8 +100,19 @@ def _deviation_status(py: str, workdir: Path) -> dict[str, str]:
     xml = workdir / "deviations.xml"
     ids = sorted({d.nodeid for d in DEVIATIONS})
     subprocess.run(
-        [py, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
-         f"--junitxml={xml}", "--polgrad-max-examples=20", *ids],
+        [
+            py,
+            "-m",
+            "pytest",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            f"--junitxml={xml}",
+            "--polgrad-max-examples=20",
+            *ids,
+        ],
         cwd=REPO,
         check=False,
     )
@@ -111,7 +121,10 @@ def _deviation_status(py: str, workdir: Path) -> dict[str, str]:
         name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
         kids = {child.tag for child in case}
         status[name] = (
-            "failed" if kids & {"failure", "error"} else "skipped" if "skipped" in kids
+            "failed"
+            if kids & {"failure", "error"}
+            else "skipped"
+            if "skipped" in kids
             else "passed"
         )
     return {nid: status.get(nid, "not collected") for nid in ids}
@@ -129,8 +142,18 @@ def _drift(venv: Path | None, keep: bool) -> int:
         _run([py, "-m", "pip", "install", "-q", "-e", str(REPO)])
         _run([py, "-m", "pip", "install", "-q", "-r", str(SUPPORT)])
         newest = {fw: _newest(py, pin.distribution) for fw, pin in PINS.items()}
-        _run([py, "-m", "pip", "install", "-q", "--no-deps", "--upgrade",
-              *(f"{PINS[fw].distribution}=={v}" for fw, v in newest.items())])
+        _run(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--upgrade",
+                *(f"{PINS[fw].distribution}=={v}" for fw, v in newest.items()),
+            ]
+        )
         print("newest releases: " + ", ".join(f"{fw} {v}" for fw, v in newest.items()))
         live = scratch / "recorded"
         _run([py, "-m", "pytest_polgrad.frameworks", "record", "--out", str(live)], cwd=REPO)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from polgrad_reference import KLConfig
+from polgrad_reference import CovarianceSelection, KLConfig, KLRatioWeight
 
 __all__ = ["CASES", "PADDED_WIDTH", "Case", "Reference"]
 
@@ -42,7 +42,9 @@ class Reference:
         """This reference with :data:`PADDED_WIDTH` replaced by ``width``."""
         return Reference(
             self.name,
-            MappingProxyType({k: width if v == PADDED_WIDTH else v for k, v in self.overrides.items()}),
+            MappingProxyType(
+                {k: width if v == PADDED_WIDTH else v for k, v in self.overrides.items()}
+            ),
         )
 
     def describe(self) -> str:
@@ -73,6 +75,11 @@ class Case:
     expect: Mapping[str, str] = dataclasses.field(default_factory=dict)
     takes_ref: bool = False
     note: str = ""
+    rtol: float = 1e-9
+    """Relative tolerance of the recorded-output comparison (float64 inputs)."""
+    shipped_expect: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Checks on which even ``equals`` differs, outside the corpus (a clamp the reference
+    does not model); declared on the shipped marker."""
 
     def __post_init__(self) -> None:
         if not self.id.isidentifier():
@@ -83,6 +90,7 @@ class Case:
             raise ValueError(f"{self.id}: expect= needs the claimed reference it differs from")
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "expect", MappingProxyType(dict(self.expect)))
+        object.__setattr__(self, "shipped_expect", MappingProxyType(dict(self.shipped_expect)))
 
 
 def _r(name: str, **overrides: Any) -> Reference:
@@ -90,6 +98,10 @@ def _r(name: str, **overrides: Any) -> Reference:
 
 
 _DUAL = "verl applies the dual-clip floor -c*A with c = clip_ratio_c = 3 to every A < 0 token"
+_DPPO_CAP = (
+    "verl truncates the IS weight at ActorConfig.clip_ratio_c, default 3.0 (the dual-clip "
+    "constant); the function's fallback 20 (DPPO Sec. 5.4: a large cap) is never reached"
+)
 _TOKEN_MEAN = "token-mean over the batch's response tokens; the GRPO paper averages per sequence"
 
 _VERL = (
@@ -225,7 +237,78 @@ _VERL = (
         factory="policy_loss",
         options={"mode": "gpg", "loss_agg_mode": "token-mean"},
         advantages="token",
-        equals=_r("ppo", surrogate="reinforce"),
+        equals=_r("gpg"),
+    ),
+    Case(
+        id="verl_sapo",
+        framework="verl",
+        entry="core_algos.compute_policy_loss_sapo",
+        factory="policy_loss",
+        options={"mode": "sapo", "loss_agg_mode": "token-mean"},
+        advantages="token",
+        equals=_r("sapo"),
+        note="loss_agg_mode token-mean is passed and not applied (seq-mean-token-mean)",
+    ),
+    Case(
+        id="verl_geo_mean",
+        framework="verl",
+        entry="core_algos.compute_policy_loss_geo_mean",
+        factory="policy_loss",
+        options={
+            "mode": "geo_mean",
+            "loss_agg_mode": "token-mean",
+            "clip_ratio_low": 0.4,
+            "clip_ratio_high": 0.4,
+        },
+        note="ActorConfig.clip_ratio_low/high default to 0.2 (not None), so clip_ratio alone "
+        "does not set the range",
+        advantages="sequence",
+        equals=_r("gmpo"),
+    ),
+    Case(
+        id="verl_dppo_tv",
+        framework="verl",
+        entry="core_algos.compute_policy_loss_dppo_tv",
+        factory="policy_loss",
+        options={"mode": "dppo_tv", "loss_agg_mode": "token-mean"},
+        advantages="token",
+        equals=_r("dppo_tv", is_cap=3.0),
+        claims=_r("dppo_tv"),
+        expect={"value": _DPPO_CAP, "gradient": _DPPO_CAP},
+    ),
+    Case(
+        id="verl_dppo_kl",
+        framework="verl",
+        entry="core_algos.compute_policy_loss_dppo_kl",
+        factory="policy_loss",
+        options={"mode": "dppo_kl", "loss_agg_mode": "token-mean"},
+        advantages="token",
+        equals=_r("dppo_kl", is_cap=3.0),
+        claims=_r("dppo_kl"),
+        expect={"value": _DPPO_CAP, "gradient": _DPPO_CAP},
+    ),
+    Case(
+        id="verl_kl_cov",
+        framework="verl",
+        entry="core_algos.compute_policy_loss_kl_cov",
+        factory="policy_loss",
+        options={"mode": "kl_cov", "loss_agg_mode": "token-mean"},
+        advantages="token",
+        equals=_r(
+            "kl_cov",
+            params=CovarianceSelection(fraction=2e-4, low=1.0, high=5.0, kl_coef=0.1, seed=0),
+        ),
+        note="ActorConfig.policy_loss.ppo_kl_coef defaults to 0.1 (the function's own "
+        "fallback, 1.0, applies to configs without the field)",
+    ),
+    Case(
+        id="verl_dro",
+        framework="verl",
+        entry="core_algos.compute_policy_loss_dro",
+        factory="policy_loss",
+        options={"mode": "dro", "loss_agg_mode": "token-mean", "policy_loss": {"dro_beta": 1.0}},
+        advantages="token",
+        equals=_r("dro"),
     ),
 )
 
@@ -318,7 +401,7 @@ _TRL = (
         factory="grpo_loss",
         options={"loss_type": "luspo", "importance_sampling_level": "sequence"},
         advantages="sequence",
-        equals=_r("gspo", eps_low=0.2, eps_high=0.2, aggregation="seq-mean-token-sum"),
+        equals=_r("luspo", eps_low=0.2, eps_high=0.2),
     ),
     Case(
         id="trl_grpo_kl_bias_corrected",
@@ -327,7 +410,7 @@ _TRL = (
         factory="grpo_loss",
         options={"loss_type": "grpo", "beta": 0.04},
         advantages="sequence",
-        equals=_r("grpo", kl=KLConfig(coef=0.04, ratio_weight="undetached")),
+        equals=_r("grpo", kl=KLConfig(coef=0.04, ratio_weight=KLRatioWeight.UNDETACHED)),
         claims=_r("grpo"),
         expect={
             "gradient": "use_bias_correction_kl (default True) multiplies k3 by the undetached "
@@ -345,6 +428,40 @@ _TRL = (
         advantages="sequence",
         equals=_r("grpo"),
         takes_ref=True,
+    ),
+    Case(
+        id="trl_sapo",
+        framework="trl",
+        entry="GRPOTrainer._compute_loss",
+        factory="grpo_loss",
+        options={"loss_type": "sapo"},
+        advantages="sequence",
+        equals=_r("sapo"),
+        rtol=1e-6,
+        note="the temperatures come from torch.where on Python floats, so float32: tau_neg "
+        "is float32(1.05), a relative 5e-8 off in float64",
+    ),
+    Case(
+        id="trl_vespo",
+        framework="trl",
+        entry="GRPOTrainer._compute_loss",
+        factory="grpo_loss",
+        options={"loss_type": "vespo"},
+        advantages="sequence",
+        equals=_r("vespo"),
+        shipped_expect={
+            "gradient": "TRL clamps the sequence log-ratio to [log 1e-8, 20] before the gamma "
+            "weight (get_gamma_weights), so long rows far off-policy get a different weight",
+        },
+    ),
+    Case(
+        id="trl_cispo_scalerl",
+        framework="trl",
+        entry="GRPOTrainer._compute_loss",
+        factory="grpo_loss",
+        options={"loss_type": "cispo", "epsilon_high": 5.0},
+        advantages="sequence",
+        equals=_r("scalerl_cispo"),
     ),
 )
 

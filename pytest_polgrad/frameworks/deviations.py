@@ -35,126 +35,185 @@ _S = "tests/frameworks/test_all_training_steps.py::"
 
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
-        "verl", "0.9.1", "core_algos.compute_policy_loss_vanilla (ActorConfig defaults)",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_vanilla (ActorConfig defaults)",
         "the default loss_agg_mode is token-mean over the micro-batch's (or, with "
         "global_batch_info, the step's) response tokens; the GRPO objective (arXiv:2402.03300 "
         "Eq. 3) averages each sequence's tokens, then the sequences",
         _P + "verl_vanilla[grpo-value]",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.compute_policy_loss_vanilla",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_vanilla",
         "the dual-clip floor -c*A (arXiv:1912.09729 Eq. 5) is applied to every A < 0 token "
         "with c = clip_ratio_c = 3.0; PPO's and GRPO's clipped surrogate has no such floor",
         _P + "verl_vanilla_seq_mean_token_mean[grpo-value]",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.agg_loss('seq-mean-token-sum-norm')",
+        "verl",
+        "0.9.1",
+        "core_algos.agg_loss('seq-mean-token-sum-norm')",
         "without loss_scale_factor the sum is divided by the padded width "
         "loss_mask.shape[-1]; Dr.GRPO (arXiv:2503.20783 Sec. 3.1, released code) divides by "
         "a fixed generation budget, so appending padding columns changes verl's loss",
         _P + "verl_vanilla_token_sum_norm_default[dr_grpo-padding-columns]",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.agg_loss('seq-mean-token-sum-norm'), aggregation kind",
+        "verl",
+        "0.9.1",
+        "core_algos.agg_loss('seq-mean-token-sum-norm'), aggregation kind",
         "the same padded-width normaliser seen by the aggregation kind: the token weights are "
         "1 / (B * T_padded) instead of 1 / (B * budget)",
         _K + "verl_agg_token_sum_norm_default[token-sum-norm-padding-columns]",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.compute_policy_loss_gspo",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_gspo",
         "the GSPO-token ratio (arXiv:2507.18071 Eq. 13) aggregated with the actor's "
         "loss_agg_mode (default token-mean) and clipped with clip_ratio (default 0.2); GSPO "
         "averages per sequence and clips at 1 - 3e-4 / 1 + 4e-4 (Sec. 5.1)",
         _P + "verl_gspo[gspo_token-value]",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.compute_policy_loss_sapo",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_dppo_tv / dppo_kl",
+        "the truncated IS weight is capped at ActorConfig.clip_ratio_c, whose default is 3.0 "
+        "(the dual-clip constant); DPPO (arXiv:2602.04879 Sec. 5.4) recommends a large cap, "
+        "and the function's own fallback of 20 is used only without that field",
+        _P + "verl_dppo_tv[dppo_tv-value]",
+    ),
+    Deviation(
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_sapo",
         "sapo always aggregates seq-mean-token-mean; the loss_agg_mode it is given is not "
         "applied (gspo, by contrast, applies it)",
         _C + "test_deviation_verl_sapo_ignores_loss_agg_mode",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.compute_policy_loss_cispo",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_cispo",
         "the IS weight is clamped to [1 - clip_ratio_low, 1 + clip_ratio_high] (default "
         "[0.8, 1.2]); CISPO (arXiv:2506.13585 Eq. 4, Sec. 3.1) bounds it from above only",
         _P + "verl_cispo[cispo-value]",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.kl_penalty('low_var_kl' / 'k3')",
+        "verl",
+        "0.9.1",
+        "core_algos.kl_penalty('low_var_kl' / 'k3')",
         "the k3 estimate is clamped to [-10, 10] (and the log-ratio to [-20, 20]); k3 = "
         "r - 1 - log r (Schulman 2020) is unbounded",
         _C + "test_deviation_verl_k3_is_clamped_at_10",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.kl_penalty('k3+')",
-        "the straight-through '+' variant takes k2's gradient at every token, also where the "
-        "k3 value is clamped at 10, so value and gradient describe different penalties there",
-        _K + "verl_kl_k3_straight_through[k3+-gradient]",
-    ),
-    Deviation(
-        "verl", "0.9.1", "core_algos.compute_grpo_outcome_advantage",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_grpo_outcome_advantage",
         "a group of one sample keeps its raw reward (mean 0, std 1, so r / (1 + eps)); the "
         "group-relative advantage of GRPO (arXiv:2402.03300 Sec. 4.1.2) of a lone sample is 0",
         _C + "test_deviation_verl_grpo_singleton_group_keeps_its_reward",
     ),
     Deviation(
-        "verl", "0.9.1", "core_algos.compute_policy_loss_clip_cov",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_clip_cov",
         "the detached tokens are a random subset (torch.randperm on the global generator) of "
         "those whose covariance lies in [clip_cov_lb, clip_cov_ub] (arXiv:2505.22617 "
         "Clip-Cov); the loss of a batch depends on torch's global RNG state",
         _C + "test_deviation_verl_clip_cov_selection_is_random",
     ),
     Deviation(
-        "verl, trl, openrlhf", "0.9.1, 1.16.0, 0.11.2", "sequence-mean aggregation, empty rows",
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_geo_mean, accumulation",
+        "the GMPO loss (arXiv:2507.20673 Eq. 6) ends in torch.mean over the micro-batch's rows "
+        "and ignores global_batch_info, so the accumulated gradient of a step split into "
+        "micro-batches is a multiple of the full-batch one",
+        _S + "verl_geo_mean_step[gmpo-micro-batches]",
+    ),
+    Deviation(
+        "verl, trl, openrlhf",
+        "0.9.1, 1.16.0, 0.11.2",
+        "sequence-mean aggregation, empty rows",
         "a row without response tokens: verl (agg_loss) and OpenRLHF (aggregate_loss) leave it "
         "out of the sequence mean, TRL's grpo loss counts it as a zero in the mean over B",
         _C + "test_deviation_empty_rows_verl_and_openrlhf_drop_them_trl_counts_them",
     ),
     Deviation(
-        "trl", "1.16.0", "GRPOTrainer._compute_loss (GRPOConfig defaults)",
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss (GRPOConfig defaults)",
         "the default loss_type 'dapo' is token-mean with epsilon_high = epsilon = 0.2; DAPO "
         "(arXiv:2503.14476 Sec. 3.1) clips higher at 1 + 0.28, and GRPO averages per sequence",
         _T + "trl_default[dapo-value]",
     ),
     Deviation(
-        "trl", "1.16.0", "GRPOTrainer._compute_loss(loss_type='cispo')",
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss(loss_type='cispo')",
         "the IS weight is capped at epsilon_high itself (clamp(ratio, max=epsilon_high)); "
         "CISPO's cap is 1 + eps_high (arXiv:2506.13585 Eq. 4)",
         _T + "trl_cispo[cispo-value]",
     ),
     Deviation(
-        "trl", "1.16.0", "GRPOTrainer._compute_loss (beta > 0, use_bias_correction_kl)",
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss (beta > 0, use_bias_correction_kl)",
         "the k3 term is multiplied by the undetached policy ratio by default, which changes "
         "its gradient even on-policy; GRPO (arXiv:2402.03300 Eq. 4) adds k3 itself",
         _T + "trl_grpo_kl_bias_corrected[grpo-gradient]",
     ),
     Deviation(
-        "trl", "1.16.0", "GRPOConfig.vllm_importance_sampling_mode",
+        "trl",
+        "1.16.0",
+        "GRPOTrainer.get_gamma_weights (loss_type='vespo')",
+        "the sequence log-ratio is clamped to [log 1e-8, 20] before the gamma weight "
+        "phi(w) = e^lambda w^k e^(-lambda w) of VESPO (arXiv:2602.10693), so far off-policy "
+        "long rows get phi at the clamp",
+        _T + "trl_vespo[shipped-gradient]",
+    ),
+    Deviation(
+        "trl",
+        "1.16.0",
+        "GRPOConfig.vllm_importance_sampling_mode",
         "the docstring marks 'token_truncate' as the default; the field's default is "
         "'sequence_mask'",
         _C + "test_deviation_trl_docstring_names_another_default_is_mode",
     ),
     Deviation(
-        "trl", "1.16.0", "GRPOTrainer._compute_loss(loss_type='dapo'), accumulation",
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss(loss_type='dapo'), accumulation",
         "num_items_in_batch counts the generation batch; rescaled by gradient_accumulation_steps"
         " / steps_per_generation it equals the optimizer step's token count only when every "
         "step of a generation batch holds as many tokens (DAPO Eq. 8 normalises by the step's)",
         _S + "trl_dapo_step[dapo-generation-steps]",
     ),
     Deviation(
-        "openrlhf", "0.11.2", "openrlhf.models.loss.PolicyLoss (defaults)",
+        "openrlhf",
+        "0.11.2",
+        "openrlhf.models.loss.PolicyLoss (defaults)",
         "token_level_loss=True (the default) is a token mean over the micro-batch; the GRPO "
         "objective (arXiv:2402.03300 Eq. 3) averages per sequence",
         _O + "openrlhf_default[grpo-value]",
     ),
     Deviation(
-        "openrlhf", "0.11.2", "openrlhf.models.utils.compute_approx_kl('k1')",
+        "openrlhf",
+        "0.11.2",
+        "openrlhf.models.utils.compute_approx_kl('k1')",
         "every estimator's value is clamped to [-10, 10], k1 included; k1 = log pi - log ref "
         "is unbounded",
-        _K + "openrlhf_kl_k1[k1-value]",
+        _C + "test_deviation_openrlhf_k1_is_clamped_at_10",
     ),
     Deviation(
-        "openrlhf", "0.11.2", "openrlhf.models.utils.compute_approx_kl('k3')",
+        "openrlhf",
+        "0.11.2",
+        "openrlhf.models.utils.compute_approx_kl('k3')",
         "k3 is clamped to [-10, 10] (its log-ratio at -10 first); k3 is unbounded",
         _C + "test_deviation_openrlhf_k3_is_clamped_at_10",
     ),

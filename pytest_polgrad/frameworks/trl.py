@@ -10,6 +10,7 @@ zero, no auxiliary loss). TRL is imported on the first call.
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,9 +33,8 @@ _OUTPUT_DIR = tempfile.gettempdir()
 def grpo_config(**options: Any) -> Any:
     """``trl.GRPOConfig(output_dir=<tmp>, use_cpu=True, report_to="none", **options)``."""
     require_installed("trl")
-    from trl import GRPOConfig
-
-    return GRPOConfig(output_dir=_OUTPUT_DIR, use_cpu=True, report_to="none", **options)
+    grpo_config_cls = importlib.import_module("trl").GRPOConfig
+    return grpo_config_cls(output_dir=_OUTPUT_DIR, use_cpu=True, report_to="none", **options)
 
 
 class _Model:
@@ -57,14 +57,14 @@ class _Ranks:
 
 
 def _trainer(args: Any, *, gradient_accumulation_steps: int, world_size: int = 1) -> Any:
-    from accelerate import Accelerator
-    from trl import GRPOTrainer
+    accelerator_cls = importlib.import_module("accelerate").Accelerator
+    trainer_cls = importlib.import_module("trl").GRPOTrainer
 
-    t = object.__new__(GRPOTrainer)
+    t = object.__new__(trainer_cls)
     # The attributes GRPOTrainer.__init__ sets from `args` (trl 1.16.0), nothing else.
     t.args = args
     t.model = _Model()
-    accelerator = Accelerator(cpu=True)
+    accelerator = accelerator_cls(cpu=True)
     t.accelerator = accelerator if world_size == 1 else _Ranks(accelerator, world_size)
     t.loss_type = args.loss_type
     t.importance_sampling_level = args.importance_sampling_level
@@ -89,9 +89,7 @@ def _trainer(args: Any, *, gradient_accumulation_steps: int, world_size: int = 1
     return t
 
 
-def grpo_loss(
-    *, num_items_in_batch: str | int = "local", **options: Any
-) -> Callable[..., Tensor]:
+def grpo_loss(*, num_items_in_batch: str | int = "local", **options: Any) -> Callable[..., Tensor]:
     """A loss function ``(logprobs, old_logprobs, advantages, response_mask[,
     ref_logprobs]) -> loss`` that returns ``GRPOTrainer._compute_loss(model, inputs)`` for a
     trainer configured with ``GRPOConfig(**options)`` (see :func:`grpo_config`).
@@ -119,8 +117,9 @@ def grpo_loss(
             if num_items_in_batch == "local"
             else torch.tensor(num_items_in_batch)
         )
-        return _call(trainer, logprobs, old_logprobs, advantages, response_mask, ref_logprobs,
-                     count)
+        return _call(
+            trainer, logprobs, old_logprobs, advantages, response_mask, ref_logprobs, count
+        )
 
     return trl_grpo_loss
 
@@ -189,7 +188,14 @@ def training_step(**options: Any) -> Callable[..., Tensor]:
             gradient_accumulation_steps=gradient_accumulation_steps,
             world_size=world_size,
         )
-        return _call(trainer, logprobs, old_logprobs, advantages, response_mask, None,
-                     torch.tensor(generation_tokens))
+        return _call(
+            trainer,
+            logprobs,
+            old_logprobs,
+            advantages,
+            response_mask,
+            None,
+            torch.tensor(generation_tokens),
+        )
 
     return trl_training_step

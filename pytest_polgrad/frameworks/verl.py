@@ -9,6 +9,7 @@ advantages). verl is imported on the first call, never at import time.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,9 +58,7 @@ not enter any loss (gspo, sapo and cispo assert a real ``ActorConfig``)."""
 
 def _core() -> Any:
     require_installed("verl")
-    from verl.trainer.ppo import core_algos
-
-    return core_algos
+    return importlib.import_module("verl.trainer.ppo.core_algos")
 
 
 def actor_config(**options: Any) -> Any:
@@ -68,7 +67,8 @@ def actor_config(**options: Any) -> Any:
     ``PolicyLossConfig`` and ``rollout_correction={...}`` to the latter's
     ``RolloutCorrectionConfig``."""
     require_installed("verl")
-    from verl.workers.config.actor import ActorConfig, PolicyLossConfig
+    actor = importlib.import_module("verl.workers.config.actor")
+    ActorConfig, PolicyLossConfig = actor.ActorConfig, actor.PolicyLossConfig
 
     policy = dict(options.pop("policy_loss", {}))
     correction = policy.pop("rollout_correction", None)

@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from pytest_polgrad.frameworks.cases import CASES, Case
+from polgrad_reference import get_algorithm
+from pytest_polgrad.frameworks.cases import CASES, Case, Reference
+
+# Overrides the policy-loss marker takes by name; any other (a surrogate's params such as
+# DPPO's is_cap) is applied by passing the derived PolicyLossConfig as the reference.
+MARKER_OVERRIDES = frozenset(
+    {"aggregation", "budget", "clip", "dual_clip", "eps_high", "eps_low", "is_correction",
+     "kl", "ratio", "surrogate"}
+)  # fmt: skip
 
 # Every check of the policy-loss kind except the golden (see the module docstring).
 SHIPPED_CHECKS = (
@@ -43,37 +51,54 @@ def adapter(case: Case) -> Callable[..., Any]:
     return fn
 
 
+def _marker(ref: Reference, **options: Any) -> pytest.MarkDecorator:
+    if set(ref.overrides) <= MARKER_OVERRIDES:
+        return pytest.mark.polgrad_conforms(ref.name, **options, **ref.overrides)
+    config = get_algorithm(ref.name).derive(**dict(ref.overrides)).loss
+    options.setdefault("id", ref.name)
+    return pytest.mark.polgrad_conforms(config, **options)
+
+
 def _marked(case: Case) -> Callable[..., Any]:
     inner = adapter(case)
     if case.takes_ref:
 
-        def fn(logprobs: Any, old_logprobs: Any, advantages: Any, response_mask: Any,
-               ref_logprobs: Any) -> Any:
-            return inner(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                         response_mask=response_mask, ref_logprobs=ref_logprobs)
+        def fn(
+            logprobs: Any, old_logprobs: Any, advantages: Any, response_mask: Any, ref_logprobs: Any
+        ) -> Any:
+            return inner(
+                logprobs=logprobs,
+                old_logprobs=old_logprobs,
+                advantages=advantages,
+                response_mask=response_mask,
+                ref_logprobs=ref_logprobs,
+            )
     else:
 
         def fn(logprobs: Any, old_logprobs: Any, advantages: Any, response_mask: Any) -> Any:
-            return inner(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                         response_mask=response_mask)
+            return inner(
+                logprobs=logprobs,
+                old_logprobs=old_logprobs,
+                advantages=advantages,
+                response_mask=response_mask,
+            )
 
     fn.__name__ = fn.__qualname__ = case.id
     fn.__doc__ = f"{case.entry} with {dict(case.options)!r}"
     if case.claims is not None and case.expect:
-        fn = pytest.mark.polgrad_conforms(
-            case.claims.name,
+        fn = _marker(
+            case.claims,
             advantages=case.advantages,
             expect=dict(case.expect),
             checks=tuple(case.expect),
-            **case.claims.overrides,
         )(fn)
     if not case.equals.batch_dependent:
-        fn = pytest.mark.polgrad_conforms(
-            case.equals.name,
+        fn = _marker(
+            case.equals,
             id="shipped",
             advantages=case.advantages,
             checks=SHIPPED_CHECKS,
-            **case.equals.overrides,
+            expect=dict(case.shipped_expect),
         )(fn)
     return fn
 

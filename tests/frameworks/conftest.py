@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))  # the _marking and _tier helpers
 
-from _tier import MISSING  # noqa: E402
+from _tier import MISSING
 
 MODULES = {
     "verl": ("test_verl_*.py",),
@@ -51,6 +51,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if tr is not None:
-        tr.write_line("DEVIATIONS whose demonstrating test was skipped (a deviation must be "
-                      "demonstrated): " + ", ".join(sorted(_SKIPPED)), red=True)
+        tr.write_line(
+            "DEVIATIONS whose demonstrating test was skipped (a deviation must be "
+            "demonstrated): " + ", ".join(sorted(_SKIPPED)),
+            red=True,
+        )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from polgrad_reference.advantages import opo_advantages
 from polgrad_reference import (
     aggregate,
     clipped_value_loss,
@@ -26,6 +25,7 @@ from polgrad_reference import (
     kl_estimate,
     rloo_advantages,
 )
+from polgrad_reference.advantages import opo_advantages
 from pytest_polgrad.corpus import canonical_corpus
 from pytest_polgrad.frameworks import openrlhf, trl, verl
 
@@ -99,7 +99,9 @@ def test_verl_token_sum_norm_with_scale_factor_is_dr_grpo() -> None:
         mask = batch["mask"]
         v_val, v_grad = _value_and_grad(
             lambda x, m=mask: verl.agg_loss(
-                loss_mat=x, loss_mask=m, loss_agg_mode="seq-mean-token-sum-norm",
+                loss_mat=x,
+                loss_mask=m,
+                loss_agg_mode="seq-mean-token-sum-norm",
                 loss_scale_factor=4096,
             ),
             batch["x"],
@@ -116,17 +118,20 @@ def test_deviation_verl_token_sum_norm_divides_by_padded_width() -> None:
     batch = _ragged(0)
     x, mask = batch["x"], batch["mask"]
     width = mask.shape[1]
-    default = float(verl.agg_loss(loss_mat=x, loss_mask=mask,
-                                  loss_agg_mode="seq-mean-token-sum-norm"))
+    default = float(
+        verl.agg_loss(loss_mat=x, loss_mask=mask, loss_agg_mode="seq-mean-token-sum-norm")
+    )
     assert default == pytest.approx(
         float(aggregate(x, response_mask=mask, mode="token-sum-norm", budget=width)), rel=1e-12
     )
     pad = torch.zeros((x.shape[0], 3), dtype=F64)
-    wider = float(verl.agg_loss(
-        loss_mat=torch.cat([x, pad], 1),
-        loss_mask=torch.cat([mask, pad.bool()], 1),
-        loss_agg_mode="seq-mean-token-sum-norm",
-    ))
+    wider = float(
+        verl.agg_loss(
+            loss_mat=torch.cat([x, pad], 1),
+            loss_mask=torch.cat([mask, pad.bool()], 1),
+            loss_agg_mode="seq-mean-token-sum-norm",
+        )
+    )
     assert wider == pytest.approx(default * width / (width + 3), rel=1e-12)
 
 
@@ -162,8 +167,7 @@ def _with_empty_row() -> tuple[torch.Tensor, torch.Tensor]:
 def test_deviation_empty_rows_verl_and_openrlhf_drop_them_trl_counts_them() -> None:
     x, mask = _with_empty_row()
     nonempty = mask.any(1)
-    paper = float(aggregate(x[nonempty], response_mask=mask[nonempty],
-                            mode="seq-mean-token-mean"))
+    paper = float(aggregate(x[nonempty], response_mask=mask[nonempty], mode="seq-mean-token-mean"))
     v = float(verl.agg_loss(loss_mat=x, loss_mask=mask, loss_agg_mode="seq-mean-token-mean"))
     o = float(openrlhf.aggregate_loss(loss=x, loss_mask=mask.to(F64), token_level_loss=False))
     assert v == pytest.approx(paper, rel=1e-12)
@@ -172,9 +176,11 @@ def test_deviation_empty_rows_verl_and_openrlhf_drop_them_trl_counts_them() -> N
     # row counts as a zero in the batch mean.
     lp = torch.zeros_like(x)
     adv = torch.tensor([1.0, -0.5, 2.0, 0.25], dtype=F64)
-    t = float(trl.grpo_loss(loss_type="grpo")(
-        logprobs=lp, old_logprobs=lp, advantages=adv, response_mask=mask
-    ))
+    t = float(
+        trl.grpo_loss(loss_type="grpo")(
+            logprobs=lp, old_logprobs=lp, advantages=adv, response_mask=mask
+        )
+    )
     on_policy_rows = -adv[nonempty]
     assert t == pytest.approx(float(on_policy_rows.sum() / 4), rel=1e-12)
     assert t != pytest.approx(float(on_policy_rows.mean()), rel=1e-6)
@@ -239,13 +245,21 @@ def test_deviation_verl_k3_is_clamped_at_10() -> None:
 def test_openrlhf_approx_kl_equals_reference_in_range(name: str) -> None:
     for batch in _batches():
         mask = batch["mask"]
-        o = openrlhf.approx_kl(logprobs=batch["lp"], ref_logprobs=batch["ref"],
-                               kl_estimator=name)
-        r = kl_estimate(name, logprobs=batch["lp"], ref_logprobs=batch["ref"],
-                        response_mask=mask)
+        o = openrlhf.approx_kl(logprobs=batch["lp"], ref_logprobs=batch["ref"], kl_estimator=name)
+        r = kl_estimate(name, logprobs=batch["lp"], ref_logprobs=batch["ref"], response_mask=mask)
         # compute_approx_kl casts its inputs to float32 (log_probs.float()).
         assert o.dtype == torch.float32
         torch.testing.assert_close((o.double() * mask), r, rtol=2e-6, atol=1e-6)
+
+
+def test_deviation_openrlhf_k1_is_clamped_at_10() -> None:
+    lp = torch.tensor([[-0.5, -1.0, -14.0]], dtype=F64)
+    ref = torch.tensor([[-13.0, -1.2, -1.0]], dtype=F64)  # log-ratios 12.5, 0.2, -13
+    mask = torch.ones_like(lp, dtype=torch.bool)
+    exact = kl_estimate("k1", logprobs=lp, ref_logprobs=ref, response_mask=mask)
+    shipped = openrlhf.approx_kl(logprobs=lp, ref_logprobs=ref, kl_estimator="k1")
+    assert exact[0].tolist() == pytest.approx([12.5, 0.2, -13.0])
+    assert shipped[0].tolist() == pytest.approx([10.0, 0.2, -10.0], rel=1e-6)
 
 
 def test_deviation_openrlhf_k3_is_clamped_at_10() -> None:
@@ -264,8 +278,13 @@ def test_openrlhf_unbiased_gradient_is_ratio_weighted_k1_score() -> None:
     batch = _ragged(2)
     old = batch["lp"] - 0.1
     lp = batch["lp"].clone().float().requires_grad_(True)
-    out = openrlhf.approx_kl(logprobs=lp, ref_logprobs=batch["ref"], old_logprobs=old,
-                             kl_estimator="k3", unbiased_gradient=True)
+    out = openrlhf.approx_kl(
+        logprobs=lp,
+        ref_logprobs=batch["ref"],
+        old_logprobs=old,
+        kl_estimator="k3",
+        unbiased_gradient=True,
+    )
     (grad,) = torch.autograd.grad(out.sum(), lp)
     w = torch.exp(batch["lp"] - old)
     expected = w * (batch["lp"] - batch["ref"])
@@ -300,11 +319,17 @@ def _row_values(adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def test_verl_grpo_advantages_equal_reference(scale: bool) -> None:
     for seed in range(3):
         rewards, ids, mask = _groups(seed)
-        shipped = verl.compute_advantage("grpo", rewards=rewards, response_mask=mask, index=ids,
-                                         norm_adv_by_std_in_grpo=scale)
-        expected = grpo_advantages(rewards=rewards, group_ids=torch.as_tensor(ids),
-                                   scale_by_std=scale, std_eps=1e-6, unbiased_std=True,
-                                   singleton="raw")
+        shipped = verl.compute_advantage(
+            "grpo", rewards=rewards, response_mask=mask, index=ids, norm_adv_by_std_in_grpo=scale
+        )
+        expected = grpo_advantages(
+            rewards=rewards,
+            group_ids=torch.as_tensor(ids),
+            scale_by_std=scale,
+            std_eps=1e-6,
+            unbiased_std=True,
+            singleton="raw",
+        )
         rows = _row_values(shipped, mask)
         grouped = torch.as_tensor(ids != 2)  # the group of size one is checked below
         torch.testing.assert_close(rows[grouped], expected[grouped], rtol=1e-12, atol=1e-12)
@@ -320,8 +345,9 @@ def test_deviation_verl_grpo_singleton_group_keeps_its_reward() -> None:
         verl.compute_advantage("grpo", rewards=rewards, response_mask=mask, index=ids), mask
     )
     lone = 7  # the group of size one
-    assert float(shipped[lone]) == pytest.approx(float(rewards[lone]) / _ONE_PLUS_EPS_F32,
-                                                 rel=1e-14)
+    assert float(shipped[lone]) == pytest.approx(
+        float(rewards[lone]) / _ONE_PLUS_EPS_F32, rel=1e-14
+    )
     paper = grpo_advantages(rewards=rewards, group_ids=torch.as_tensor(ids))
     assert float(paper[lone]) == 0.0
     assert float(rewards[lone]) != 0.0
@@ -331,8 +357,7 @@ def test_verl_rloo_advantages_equal_reference() -> None:
     for seed in range(3):
         rewards, ids, mask = _groups(seed)
         shipped = verl.compute_advantage("rloo", rewards=rewards, response_mask=mask, index=ids)
-        expected = rloo_advantages(rewards=rewards, group_ids=torch.as_tensor(ids),
-                                   singleton="raw")
+        expected = rloo_advantages(rewards=rewards, group_ids=torch.as_tensor(ids), singleton="raw")
         torch.testing.assert_close(_row_values(shipped, mask), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -340,8 +365,9 @@ def test_verl_opo_advantages_equal_reference() -> None:
     for seed in range(3):
         rewards, ids, mask = _groups(seed)
         shipped = verl.compute_advantage("opo", rewards=rewards, response_mask=mask, index=ids)
-        expected = opo_advantages(rewards=rewards, response_mask=mask,
-                                  group_ids=torch.as_tensor(ids), singleton="raw")
+        expected = opo_advantages(
+            rewards=rewards, response_mask=mask, group_ids=torch.as_tensor(ids), singleton="raw"
+        )
         torch.testing.assert_close(_row_values(shipped, mask), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -356,15 +382,23 @@ def test_verl_value_loss_equals_reference(mode: str) -> None:
         returns = b["x"] - b["lp"]
         v_val, v_grad = _value_and_grad(
             lambda v, b=b, old=old, ret=returns: verl.value_loss(
-                values=v, old_values=old, returns=ret, response_mask=b["mask"],
-                cliprange_value=0.2, loss_agg_mode=mode,
+                values=v,
+                old_values=old,
+                returns=ret,
+                response_mask=b["mask"],
+                cliprange_value=0.2,
+                loss_agg_mode=mode,
             ),
             b["x"],
         )
         r_val, r_grad = _value_and_grad(
             lambda v, b=b, old=old, ret=returns: clipped_value_loss(
-                values=v, old_values=old, returns=ret, response_mask=b["mask"],
-                clip_range=0.2, mode=mode,
+                values=v,
+                old_values=old,
+                returns=ret,
+                response_mask=b["mask"],
+                clip_range=0.2,
+                mode=mode,
             ),
             b["x"],
         )
@@ -380,7 +414,10 @@ def test_openrlhf_value_loss_equals_reference(clip: float | None) -> None:
         returns = b["x"] - b["lp"]
         o_val, o_grad = _value_and_grad(
             lambda v, b=b, old=old, ret=returns: openrlhf.value_loss(
-                values=v, old_values=old, returns=ret, response_mask=b["mask"].to(F64),
+                values=v,
+                old_values=old,
+                returns=ret,
+                response_mask=b["mask"].to(F64),
                 clip_eps=clip,
             ),
             b["x"],
@@ -401,10 +438,14 @@ def test_openrlhf_value_loss_equals_reference(clip: float | None) -> None:
 def test_deviation_verl_sapo_ignores_loss_agg_mode() -> None:
     batch = canonical_corpus(dtype=F64, advantages="token")["ragged"]
     kw = {k: batch[k] for k in ("logprobs", "old_logprobs", "advantages", "response_mask")}
-    sapo = {m: float(verl.policy_loss("sapo", loss_agg_mode=m)(**kw))
-            for m in ("token-mean", "seq-mean-token-mean", "token-sum")}
-    gspo = {m: float(verl.policy_loss("gspo", loss_agg_mode=m)(**kw))
-            for m in ("token-mean", "seq-mean-token-mean", "token-sum")}
+    sapo = {
+        m: float(verl.policy_loss("sapo", loss_agg_mode=m)(**kw))
+        for m in ("token-mean", "seq-mean-token-mean", "token-sum")
+    }
+    gspo = {
+        m: float(verl.policy_loss("gspo", loss_agg_mode=m)(**kw))
+        for m in ("token-mean", "seq-mean-token-mean", "token-sum")
+    }
     assert len(set(sapo.values())) == 1, sapo  # always seq-mean-token-mean
     assert len(set(gspo.values())) == 3, gspo  # gspo does apply the mode
 
@@ -428,8 +469,9 @@ def test_deviation_verl_clip_cov_selection_is_random() -> None:
     adv = torch.randn((b, t), generator=g, dtype=F64) * 3
     lp = -torch.rand((b, t), generator=g, dtype=F64) * 3
     mask = torch.ones((b, t), dtype=torch.bool)
-    fn = verl.policy_loss("clip_cov", loss_agg_mode="token-mean",
-                          policy_loss={"clip_cov_ratio": 0.05})
+    fn = verl.policy_loss(
+        "clip_cov", loss_agg_mode="token-mean", policy_loss={"clip_cov_ratio": 0.05}
+    )
     kw = {"logprobs": lp, "old_logprobs": lp, "advantages": adv, "response_mask": mask}
     torch.manual_seed(1)
     first = float(fn(**kw))

@@ -18,9 +18,22 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_deviation_node_ids_are_collected() -> None:
     ids = sorted({d.nodeid for d in DEVIATIONS})
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", *ids],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            *ids,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     collected = {line.strip() for line in out.stdout.splitlines()}
     missing = [nid for nid in ids if nid not in collected]

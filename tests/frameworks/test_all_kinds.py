@@ -10,7 +10,9 @@ import pytest
 
 from pytest_polgrad.frameworks import openrlhf, verl
 
-_WIDTH = "verl's seq-mean-token-sum-norm divides by loss_mask.shape[-1] unless loss_scale_factor is set"
+_WIDTH = (
+    "verl's seq-mean-token-sum-norm divides by loss_mask.shape[-1] unless loss_scale_factor is set"
+)
 
 # ---------------------------------------------------------------------------- aggregation
 
@@ -27,29 +29,36 @@ def verl_agg_token_sum(loss_mat: Any, loss_mask: Any) -> Any:
 
 @pytest.mark.polgrad_conforms("seq-mean-token-sum", kind="aggregation")
 def verl_agg_seq_mean_token_sum(loss_mat: Any, loss_mask: Any) -> Any:
-    return verl.agg_loss(loss_mat=loss_mat, loss_mask=loss_mask,
-                         loss_agg_mode="seq-mean-token-sum")
+    return verl.agg_loss(loss_mat=loss_mat, loss_mask=loss_mask, loss_agg_mode="seq-mean-token-sum")
 
 
 @pytest.mark.polgrad_conforms("seq-mean-token-mean", kind="aggregation")
 def verl_agg_seq_mean_token_mean(loss_mat: Any, loss_mask: Any) -> Any:
-    return verl.agg_loss(loss_mat=loss_mat, loss_mask=loss_mask,
-                         loss_agg_mode="seq-mean-token-mean")
+    return verl.agg_loss(
+        loss_mat=loss_mat, loss_mask=loss_mask, loss_agg_mode="seq-mean-token-mean"
+    )
 
 
 @pytest.mark.polgrad_conforms("token-sum-norm", kind="aggregation", budget=4096)
 def verl_agg_token_sum_norm_fixed(loss_mat: Any, loss_mask: Any) -> Any:
-    return verl.agg_loss(loss_mat=loss_mat, loss_mask=loss_mask,
-                         loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=4096)
+    return verl.agg_loss(
+        loss_mat=loss_mat,
+        loss_mask=loss_mask,
+        loss_agg_mode="seq-mean-token-sum-norm",
+        loss_scale_factor=4096,
+    )
 
 
 @pytest.mark.polgrad_conforms(
-    "token-sum-norm", kind="aggregation", budget=4096,
+    "token-sum-norm",
+    kind="aggregation",
+    budget=4096,
     expect={"value": _WIDTH, "gradient": _WIDTH, "padding-columns": _WIDTH},
 )
 def verl_agg_token_sum_norm_default(loss_mat: Any, loss_mask: Any) -> Any:
-    return verl.agg_loss(loss_mat=loss_mat, loss_mask=loss_mask,
-                         loss_agg_mode="seq-mean-token-sum-norm")
+    return verl.agg_loss(
+        loss_mat=loss_mat, loss_mask=loss_mask, loss_agg_mode="seq-mean-token-sum-norm"
+    )
 
 
 @pytest.mark.polgrad_conforms("token-mean", kind="aggregation")
@@ -80,21 +89,12 @@ def verl_kl_low_var_kl(logprob: Any, ref_logprob: Any) -> Any:
     return verl.kl_penalty(logprobs=logprob, ref_logprobs=ref_logprob, kl_penalty="low_var_kl")
 
 
-@pytest.mark.polgrad_conforms(
-    "k3+", kind="kl", clamp=10.0,
-    expect={"gradient": "verl's k3+ keeps k2's gradient where the k3 value is clamped at 10; "
-                        "the clamped reference has zero gradient there"},
-)
+@pytest.mark.polgrad_conforms("k3+", kind="kl", clamp=10.0)
 def verl_kl_k3_straight_through(logprob: Any, ref_logprob: Any) -> Any:
     return verl.kl_penalty(logprobs=logprob, ref_logprobs=ref_logprob, kl_penalty="k3+")
 
 
-_CLAMP = "OpenRLHF clamps every estimator's value to [-10, 10], k1 included"
-
-
-@pytest.mark.polgrad_conforms("k1", kind="kl", clamp=10.0, id="shipped")
-@pytest.mark.polgrad_conforms("k1", kind="kl", checks=("value", "gradient"),
-                              expect={"value": _CLAMP, "gradient": _CLAMP})
+@pytest.mark.polgrad_conforms("k1", kind="kl")
 def openrlhf_kl_k1(log_probs: Any, ref_log_probs: Any) -> Any:
     return openrlhf.approx_kl(logprobs=log_probs, ref_logprobs=ref_log_probs, kl_estimator="k1")
 
@@ -113,17 +113,24 @@ def _index(group_ids: Any) -> Any:
 
 @pytest.mark.polgrad_conforms("grpo", kind="advantages", singleton="raw")
 def verl_grpo_advantages(rewards: Any, group_ids: Any, response_mask: Any) -> Any:
-    return verl.compute_advantage("grpo", rewards=rewards, response_mask=response_mask,
-                                  index=_index(group_ids))
+    return verl.compute_advantage(
+        "grpo", rewards=rewards, response_mask=response_mask, index=_index(group_ids)
+    )
 
 
 @pytest.mark.polgrad_conforms("dr_grpo", kind="advantages", singleton="raw")
 def verl_grpo_advantages_unscaled(rewards: Any, group_ids: Any, response_mask: Any) -> Any:
-    return verl.compute_advantage("grpo", rewards=rewards, response_mask=response_mask,
-                                  index=_index(group_ids), norm_adv_by_std_in_grpo=False)
+    return verl.compute_advantage(
+        "grpo",
+        rewards=rewards,
+        response_mask=response_mask,
+        index=_index(group_ids),
+        norm_adv_by_std_in_grpo=False,
+    )
 
 
 @pytest.mark.polgrad_conforms("rloo", kind="advantages", singleton="raw")
 def verl_rloo_advantages(rewards: Any, group_ids: Any, response_mask: Any) -> Any:
-    return verl.compute_advantage("rloo", rewards=rewards, response_mask=response_mask,
-                                  index=_index(group_ids))
+    return verl.compute_advantage(
+        "rloo", rewards=rewards, response_mask=response_mask, index=_index(group_ids)
+    )

@@ -34,37 +34,103 @@ _trl_dapo = trl_adapter.training_step(loss_type="dapo", epsilon_high=0.28)
     "ppo", kind="training_step", dual_clip=3.0, advantages="token", checks=STEP_CHECKS
 )
 def verl_token_mean_step(
-    logprobs: Any, old_logprobs: Any, advantages: Any, response_mask: Any,
-    world_size: int, global_tokens: int, global_rows: int,
+    logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    response_mask: Any,
+    world_size: int,
+    global_tokens: int,
+    global_rows: int,
 ) -> Any:
-    return _verl_token_mean(logprobs=logprobs, old_logprobs=old_logprobs,
-                            advantages=advantages, response_mask=response_mask,
-                            world_size=world_size, global_tokens=global_tokens,
-                            global_rows=global_rows)
+    return _verl_token_mean(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        world_size=world_size,
+        global_tokens=global_tokens,
+        global_rows=global_rows,
+    )
 
 
 @pytest.mark.polgrad_conforms(
     "grpo", kind="training_step", dual_clip=3.0, advantages="token", checks=STEP_CHECKS
 )
 def verl_seq_mean_token_mean_step(
-    logprobs: Any, old_logprobs: Any, advantages: Any, response_mask: Any,
-    world_size: int, global_tokens: int, global_rows: int,
+    logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    response_mask: Any,
+    world_size: int,
+    global_tokens: int,
+    global_rows: int,
 ) -> Any:
-    return _verl_seq_mean(logprobs=logprobs, old_logprobs=old_logprobs,
-                          advantages=advantages, response_mask=response_mask,
-                          world_size=world_size, global_tokens=global_tokens,
-                          global_rows=global_rows)
+    return _verl_seq_mean(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        world_size=world_size,
+        global_tokens=global_tokens,
+        global_rows=global_rows,
+    )
 
 
 @pytest.mark.polgrad_conforms(
     "dapo", kind="training_step", checks=STEP_CHECKS, expect={"generation-steps": _GENERATION}
 )
 def trl_dapo_step(
-    logprobs: Any, old_logprobs: Any, advantages: Any, response_mask: Any, world_size: int,
-    gradient_accumulation_steps: int, steps_per_generation: int, generation_tokens: int,
+    logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    response_mask: Any,
+    world_size: int,
+    gradient_accumulation_steps: int,
+    steps_per_generation: int,
+    generation_tokens: int,
 ) -> Any:
-    return _trl_dapo(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                     response_mask=response_mask, world_size=world_size,
-                     gradient_accumulation_steps=gradient_accumulation_steps,
-                     steps_per_generation=steps_per_generation,
-                     generation_tokens=generation_tokens)
+    return _trl_dapo(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        world_size=world_size,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        steps_per_generation=steps_per_generation,
+        generation_tokens=generation_tokens,
+    )
+
+
+_GEO = (
+    "verl's geo_mean ends in torch.mean over the micro-batch's rows and ignores "
+    "global_batch_info, so summing micro-batch losses scales the gradient by their number"
+)
+_verl_geo_mean = verl_adapter.training_step(
+    "geo_mean", loss_agg_mode="token-mean", clip_ratio_low=0.4, clip_ratio_high=0.4
+)
+
+
+@pytest.mark.polgrad_conforms(
+    "gmpo",
+    kind="training_step",
+    checks=STEP_CHECKS,
+    expect={"micro-batches": _GEO, "data-parallel": _GEO, "generation-steps": _GEO},
+)
+def verl_geo_mean_step(
+    logprobs: Any,
+    old_logprobs: Any,
+    advantages: Any,
+    response_mask: Any,
+    world_size: int,
+    global_tokens: int,
+    global_rows: int,
+) -> Any:
+    return _verl_geo_mean(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        world_size=world_size,
+        global_tokens=global_tokens,
+        global_rows=global_rows,
+    )
