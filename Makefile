@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean frameworks docs
+.PHONY: demo test lint bench clean frameworks docs mutate
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,18 @@ $(DOCS_STAMP): $(STAMP)
 docs: $(DOCS_STAMP)
 	$(PY) tools/generate_docs.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# Mutation testing by hand (never in CI): cosmic-ray over tools/mutate.toml's modules, each
+# in its own copy of the tree (build/mutate/), with a targeted test command per module.
+# MODULES="polgrad_reference/aggregate.py" limits it; MUTATE_ARGS="--max-mutants 50" samples.
+MUTATE_STAMP := $(VENV)/.mutate-installed
+
+$(MUTATE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[mutate]'
+	touch $(MUTATE_STAMP)
+
+mutate: $(MUTATE_STAMP)
+	$(PY) tools/mutate.py $(MODULES) $(MUTATE_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/reference.py
