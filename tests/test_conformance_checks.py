@@ -31,11 +31,13 @@ CASES: list[tuple[str, str, Callable[..., Any], Callable[..., Any]]] = [
 CISPO = {"eps_high": 2.0}  # cispo's registry entry truncates at 1 + 2.0 = 3, as the samples
 
 
-def _run(fn: Callable[..., Any], reference: str, check: str, **options: Any) -> Any:
+def _run(
+    fn: Callable[..., Any], reference: str, check: str, examples: int = 60, **options: Any
+) -> Any:
     if reference == "cispo":
         options = {**CISPO, **options}
     ctx = build_context(fn, parse_marker((reference,), options))
-    return run_check(ctx, check, max_examples=60, base_seed=0, replay="pytest ...")
+    return run_check(ctx, check, max_examples=examples, base_seed=0, replay="pytest ...")
 
 
 def test_every_check_has_a_case() -> None:
@@ -103,5 +105,5 @@ LOW_PRECISION = [
 )
 def test_checks_at_low_precision_inputs(case: Any, dtype: str) -> None:
     check, reference, correct, wrong = case
-    assert _run(correct, reference, check, dtype=dtype).passed
-    assert not _run(wrong, reference, check, dtype=dtype).passed
+    assert _run(correct, reference, check, 30, dtype=dtype).passed
+    assert not _run(wrong, reference, check, 30, dtype=dtype).passed
