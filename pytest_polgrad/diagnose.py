@@ -105,6 +105,10 @@ def describe_config(cfg: PolicyLossConfig) -> str:
             lo = "none" if clip.eps_low is None else f"{clip.eps_low:g}"
             hi = "none" if clip.eps_high is None else f"{clip.eps_high:g}"
             parts.append(f"{cfg.surrogate.value} eps {lo}/{hi}{dual}")
+    elif cfg.params is not None:
+        fields = dataclasses.fields(cfg.params)
+        values = ", ".join(f"{f.name}={_short(getattr(cfg.params, f.name))}" for f in fields)
+        parts.append(f"{cfg.surrogate.value} ({values})")
     else:
         parts.append(cfg.surrogate.value)
     if cfg.kl_in_loss:
@@ -118,6 +122,10 @@ def describe_config(cfg: PolicyLossConfig) -> str:
         c = cfg.is_correction
         parts.append(f"rollout IS {c.level.value} {c.mode.value}")
     return ", ".join(parts)
+
+
+def _short(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def registry_names(cfg: PolicyLossConfig) -> list[str]:
@@ -509,14 +517,13 @@ class Explanation:
     best: Match | None
 
 
-_KNOB_KEYWORD = {
-    "clip.eps_low": "eps_low",
-    "clip.eps_high": "eps_high",
-    "clip.dual_clip": "dual_clip",
-    "budget": "budget",
-    "aggregation": "aggregation",
-    "kl.coef": "kl",
-}
+_TOP_LEVEL_KNOBS = {"budget": "budget", "aggregation": "aggregation", "kl.coef": "kl"}
+"""Unstated top-level knobs and the marker keyword that declares each (a KL coefficient is
+declared with the whole ``kl=KLConfig(...)``)."""
+
+
+def _declarable(knob: str) -> bool:
+    return knob in _TOP_LEVEL_KNOBS or knob.startswith(("clip.", "params."))
 
 
 def _differences(found: PolicyLossConfig, target: PolicyLossConfig) -> dict[str, Any]:
@@ -540,13 +547,16 @@ def _covered(knob: str, unstated: set[str]) -> bool:
 
 
 def _keyword_value(knob: str, found: PolicyLossConfig) -> tuple[str, str]:
+    """The marker keyword declaring ``knob`` and the function's value as Python source:
+    ``clip.eps_high`` -> ``eps_high=0.2``, ``params.tau_neg`` -> ``tau_neg=1.0`` (routed by
+    ``AlgorithmSpec.derive``), ``kl.coef`` -> ``kl=KLConfig(...)``."""
     from .report import config_source
 
-    key = _KNOB_KEYWORD[knob]
-    value: Any = getattr(found, key) if key in ("budget", "aggregation", "kl") else None
-    if knob.startswith("clip."):
-        value = getattr(found.clip, key)
-    return key, config_source(value)
+    if knob in _TOP_LEVEL_KNOBS:
+        key = _TOP_LEVEL_KNOBS[knob]
+        return key, config_source(getattr(found, key))
+    owner, _, field = knob.partition(".")
+    return field, config_source(getattr(getattr(found, owner), field))
 
 
 def unstated_hint(match: Match, target: PolicyLossConfig, reference: object) -> str:
@@ -558,7 +568,7 @@ def unstated_hint(match: Match, target: PolicyLossConfig, reference: object) -> 
     spec = ALGORITHMS[reference]
     unstated = {u.knob for u in spec.unstated}
     diff = _differences(match.config, target)
-    if not diff or not all(_covered(k, unstated) and k in _KNOB_KEYWORD for k in diff):
+    if not diff or not all(_covered(k, unstated) and _declarable(k) for k in diff):
         return ""
     notes = {u.knob: u for u in spec.unstated}
     said = []

@@ -204,3 +204,10 @@ def test_straight_through_k3_is_not_confused_with_k3() -> None:
     spec = get_algorithm("grpo")
     found = _explain(_reference_loss(spec.loss, with_ref=True), "grpo")
     assert "k3 KL x 0.04" in found.summary and "k3+" not in found.summary
+
+
+def test_a_surrogate_parameters_are_part_of_the_description() -> None:
+    from pytest_polgrad.diagnose import describe_config
+
+    text = describe_config(get_algorithm("sapo").loss)
+    assert "sapo (tau_pos=1, tau_neg=1.05)" in text
