@@ -18,7 +18,7 @@ from syrupy.assertion import SnapshotAssertion
 
 from .corpus import CORPUS_VERSION, canonical_corpus
 from .engine import build_context, kind_of
-from .options import ConformanceOptions
+from .options import ConformanceOptions, MarkerError
 from .snapshot import RETAIN, EntryScale, PolgradSnapshotExtension, Tolerant, write_error
 from .target import Verdict
 
@@ -90,12 +90,16 @@ def golden_test(
         snap = snapshot.use_extension(PolgradSnapshotExtension)
         location = _location(snap)
         stored = Path(location).is_file()
-        problem = ""
+        problem = unusable = ""
         try:
             ctx = build_context(fn, options, name=shown)
             data: Tolerant | None = kind_of(options).golden(ctx)
         except Verdict as exc:
             data, problem = None, str(exc)
+        except MarkerError as exc:  # e.g. device="cuda" on a machine without CUDA
+            data, unusable = None, str(exc)
+        if unusable:
+            pytest.fail(f"golden: {label}: {unusable}", pytrace=False)
         if data is None:
             if stored:
                 _ = snap == RETAIN  # keep the stored golden: this failure is not a new value

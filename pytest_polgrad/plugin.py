@@ -228,8 +228,13 @@ class PolgradItem(pytest.Item):
             f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={s.seed} "
             f"--polgrad-max-examples={budget}"
         )
-        ctx = build_context(self.fn, self.options, name=self.target.label)
-        result = run_check(ctx, self.check, max_examples=budget, base_seed=s.seed, replay=replay)
+        try:
+            ctx = build_context(self.fn, self.options, name=self.target.label)
+            result = run_check(
+                ctx, self.check, max_examples=budget, base_seed=s.seed, replay=replay
+            )
+        except MarkerError as exc:  # e.g. device="cuda" on a machine without CUDA
+            raise ConformanceFailure(f"{self.target.label}: {exc}") from None
         data = {**result.as_dict(), "function": self.target.label}
         reason = self.options.expect.get(self.check)
         if result.passed and reason is not None:
@@ -270,7 +275,10 @@ class PolgradItem(pytest.Item):
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, self.name
+        # A line is required where pytest reports a skip at the item's location (skipif).
+        fn = getattr(self.fn, "func", self.fn)
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        return self.path, (code.co_firstlineno - 1 if code is not None else 0), self.name
 
 
 def _golden_item(collector: pytest.Module | pytest.Class, target: Target) -> pytest.Function:

@@ -162,3 +162,27 @@ def test_assert_conforms_takes_a_kind() -> None:
     assert declared.ok and declared.kind == "aggregation"
     with pytest.raises(MarkerError, match=r"unknown check 'valeu' \(did you mean 'value'\?\)"):
         assert_conforms(_token_mean, "dapo", kind="aggregation", checks="valeu")
+
+
+def test_device_unavailable_is_a_clean_failure_and_skipif_applies(
+    pytester: pytest.Pytester,
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the items would run")
+    pytester.makepyfile(
+        "import pytest\nimport torch\n\n"
+        "@pytest.mark.polgrad_conforms('dapo', checks=('value', 'golden'), device='cuda')\n"
+        "def on_cuda(logprobs, old_logprobs, advantages, response_mask):\n"
+        "    return (logprobs * response_mask).sum()\n\n"
+        "@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')\n"
+        "@pytest.mark.polgrad_conforms('dapo', checks=('value', 'golden'), device='cuda')\n"
+        "def where_cuda(logprobs, old_logprobs, advantages, response_mask):\n"
+        "    return (logprobs * response_mask).sum()\n"
+    )
+    result = pytester.runpytest_subprocess(*ARGS)
+    result.assert_outcomes(failed=2, skipped=2)
+    text = result.stdout.str()
+    assert text.count("device='cuda': CUDA is not available") >= 2
+    assert "Traceback" not in text and "During handling" not in text
