@@ -13,7 +13,7 @@ import pytest
 
 from pytest_polgrad.corpus import CORPUS_VERSION
 from pytest_polgrad.frameworks import PINS
-from pytest_polgrad.frameworks.cases import CASES, Case
+from pytest_polgrad.frameworks.cases import CASES, Case, Reference
 from pytest_polgrad.frameworks.recorded import compare_outputs, load, reference_outputs
 
 
@@ -65,3 +65,17 @@ def test_recorded_outputs_differ_from_the_named_algorithm(case: Case) -> None:
         f"{case.id} now equals {case.claims.describe()} on the corpus although "
         f"{sorted(case.expect)} are declared as deviations"
     )
+
+
+@pytest.mark.parametrize(
+    ("case_id", "wrong"),
+    [
+        ("verl_vanilla", Reference("ppo")),  # without verl's dual clip
+        ("trl_grpo", Reference("ppo")),  # token-mean instead of seq-mean-token-mean
+        ("trl_cispo", Reference("cispo")),  # relative cap instead of TRL's absolute one
+        ("verl_vanilla_token_sum_norm_default", Reference("dr_grpo", {"budget": 4096})),
+    ],
+)
+def test_a_wrong_claim_is_caught(case_id: str, wrong: Reference) -> None:
+    case = next(c for c in CASES if c.id == case_id)
+    assert compare_outputs(reference_outputs(case, wrong), _recorded(case), rtol=case.rtol)
