@@ -302,3 +302,21 @@ def test_a_parametrized_function_is_imported_and_rebound(tmp_path: Path) -> None
     assert "functools.partial(dapo_with_clip_high, clip_high=0.2)" in code
     printed = _execute(code, tmp_path, _run_from(instruction)).split()
     assert float(printed[1]) != pytest.approx(float(printed[3]), rel=1e-6)
+
+
+def test_a_device_snippet_moves_the_inputs_and_brings_the_gradient_back() -> None:
+    """``device="cuda"`` (context built without touching CUDA: availability is checked
+    at the first call): the snippet sends the function the same device tensors."""
+    from pytest_polgrad.reproduce import snippet
+    from pytest_polgrad.strategies import Batch
+
+    ctx = build_context(L.dapo, parse_marker(("dapo",), {"device": "cuda"}))
+    batch = Batch(
+        logprobs=torch.tensor([[-1.0, -2.0]], dtype=torch.float64),
+        old_logprobs=torch.tensor([[-1.1, -2.0]], dtype=torch.float64),
+        advantages=torch.tensor([1.0], dtype=torch.float64),
+        response_mask=torch.tensor([[True, False]]),
+    )
+    code = snippet(ctx, batch, "value")
+    assert "kw[param] = t.to('cuda')" in code and "grad = grad.cpu()" in code
+    compile(code, "snippet", "exec")
