@@ -121,3 +121,38 @@ def test_is_weight_is_detached_from_the_rollout_and_old_logprobs(level: str, mod
     roll = batch["rollout_logprobs"].clone().requires_grad_()
     out = policy_loss(cfg, **{**batch, "rollout_logprobs": roll})
     assert not out.loss.requires_grad  # logprobs do not require grad here: only rho could
+
+
+# Row 0 (A = +1): rho 1.0, 1.0 (kept); row 1 (A = -2): rho 1.5, 2.0, every token dropped.
+ONE_ROW_LEFT = _batch([[1.0, 1.0], [1.5, 2.0]], [2, 2], [1.0, -2.0])
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "want"),
+    [
+        ("seq-mean-token-mean", -1.0),  # one sequence left: mean -1 over 1 row, not 2
+        ("seq-mean-token-sum", -2.0),
+        ("token-mean", -1.0),
+    ],
+)
+def test_a_row_with_every_token_dropped_is_not_counted(aggregation: str, want: float) -> None:
+    """Masked IS is the only way a row can lose all its tokens; the seq-mean modes then
+    average over the rows that still have one (docs/aggregation.md)."""
+    cfg = PolicyLossConfig(aggregation=aggregation, is_correction=ISCorrection(mode="mask", **BAND))
+    out = policy_loss(cfg, **ONE_ROW_LEFT)
+    assert out.response_mask.tolist() == [[True, True], [False, False]]
+    assert out.loss.item() == pytest.approx(want, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    "aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "token-sum"]
+)
+def test_every_token_dropped_gives_a_zero_loss_and_gradient_not_nan(aggregation: str) -> None:
+    cfg = PolicyLossConfig(
+        aggregation=aggregation, is_correction=ISCorrection(mode="mask", low=10.0)
+    )
+    lp = MIXED["logprobs"].clone().requires_grad_()
+    out = policy_loss(cfg, **{**MIXED, "logprobs": lp})
+    assert not bool(out.response_mask.any())
+    (grad,) = torch.autograd.grad(out.loss, lp)
+    assert out.loss.item() == 0.0 and bool((grad == 0).all())
