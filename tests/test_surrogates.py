@@ -153,3 +153,32 @@ def test_clip_region_dual_clip_and_absolute_bounds() -> None:
     assert clip_region(ratio=r, advantages=torch.ones_like(r), clip=absolute).tolist() == [
         [False, True, False]
     ]
+
+
+def test_dppo_tv_trust_region_bounds_are_inclusive() -> None:
+    """DPPO-TV keeps a token whose probability step is exactly at the threshold:
+    ``p - p_old <= delta_high`` for ``A > 0``, ``>= -delta_low`` for ``A <= 0`` (verl 0.9.1
+    ``dppo_tv``). Probabilities 0.5 / 0.75 / 0.25 are exact in float64, steps exactly 0.25;
+    a step just beyond the threshold is dropped (loss and gradient 0)."""
+    from polgrad_reference.config import DivergenceMask
+
+    gate = DivergenceMask(delta_low=0.25, delta_high=0.25, is_cap=None)
+    p_old = torch.tensor([[0.5, 0.5, 0.5, 0.5]], dtype=F64)
+    p = torch.tensor([[0.75, 0.25, 0.75 + 1e-9, 0.25 - 1e-9]], dtype=F64)
+    adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]], dtype=F64)
+    assert (p - p_old)[0, :2].tolist() == [0.25, -0.25]
+    lp = p.log().requires_grad_()
+    old = p_old.log()
+    out = surrogate(
+        SurrogateKind.DPPO_TV,
+        ratio=torch.exp(lp - old),
+        advantages=adv,
+        logprobs=lp,
+        clip=CLIP,
+        log_ratio=(lp - old).detach(),
+        old_logprobs=old,
+        params=gate,
+    )
+    (grad,) = torch.autograd.grad(out.sum(), lp)
+    kept = (grad != 0)[0].tolist()
+    assert kept == [True, True, False, False]
