@@ -182,3 +182,24 @@ def test_dppo_tv_trust_region_bounds_are_inclusive() -> None:
     (grad,) = torch.autograd.grad(out.sum(), lp)
     kept = (grad != 0)[0].tolist()
     assert kept == [True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("name", "kinks"),
+    [
+        ("ppo", (0.8, 1.2)),
+        ("dapo", (0.8, 1.28)),
+        ("ppo_dual_clip", (0.8, 1.2, 3.0)),
+        ("cispo", (3.0,)),  # no lower truncation; the dual clip never applies to CISPO
+        ("gmpo", (math.exp(-0.4), math.exp(0.4))),  # log-space clip: both bounds
+        ("kl_cov", (1.0,)),  # |log r|
+        ("sapo", ()),
+        ("dppo_tv", ()),  # gates on probabilities, not on the ratio
+        ("reinforce_pp", (0.8, 1.2)),
+    ],
+)
+def test_kink_ratios_are_every_branch_point(name: str, kinks: tuple[float, ...]) -> None:
+    """Every bound, none missing: a missed kink is a gradient compared across a branch."""
+    from polgrad_reference import ALGORITHMS, kink_ratios
+
+    assert kink_ratios(ALGORITHMS[name].loss) == pytest.approx(kinks, rel=1e-15)
