@@ -192,6 +192,69 @@ CLAIMS: tuple[Claim, ...] = (
         "conformance.md",
         "tests/test_diagnose.py::test_always_on_dual_clip_is_named",
     ),
+    # -------------------------------------- documentation and the suite's own honesty
+    Claim(
+        "each aggregation mode equals its paper's equation, written as Python loops (the "
+        "seed claim's bitwise test compares aggregate with token_weights, both reference code)",
+        "aggregation.md",
+        "tests/test_aggregate.py::test_aggregate_matches_the_papers_equation",
+    ),
+    Claim(
+        "every block of the quickstart runs as written in a throwaway project, its outputs "
+        "as shown",
+        "quickstart.md",
+        "tests/test_quickstart.py::test_every_block_runs_as_written",
+    ),
+    Claim(
+        "every marker keyword is on the options page with the code's default",
+        "options.md",
+        "tests/test_options_page.py::test_every_marker_keyword_has_a_row_with_its_default",
+    ),
+    Claim(
+        "every command-line and ini option of the plugin is on the options page",
+        "options.md",
+        "tests/test_options_page.py::test_every_command_line_and_ini_option_is_listed",
+    ),
+    Claim(
+        "masked rollout IS drops out-of-band tokens from every denominator (a mixed keep-mask)",
+        "losses.md",
+        "tests/test_mutants_rollout_is.py::test_masked_is_drops_out_of_band_tokens_from_every_denominator",
+    ),
+    Claim(
+        "GRPO-TIS truncates at its published cap C = 2 on ratios beyond it",
+        "losses.md",
+        "tests/test_mutants_rollout_is.py::test_grpo_tis_truncates_at_its_published_cap",
+    ),
+    Claim(
+        "CISPO's gradient is the truncated weight times the advantage, capped tokens included",
+        "losses.md",
+        "tests/test_mutants_stop_gradient.py::test_cispo_gradient_is_the_truncated_weight_times_the_advantage",
+    ),
+    Claim(
+        "GSPO-token: zero gradient on clipped rows, token-local elsewhere, both sides reached",
+        "losses.md",
+        "tests/test_mutants_stop_gradient.py::test_gspo_token_gradient_is_zero_on_clipped_rows_and_token_local_elsewhere",
+    ),
+    Claim(
+        "token-sum micro-batches accumulate with sum scaling (the kit's micro-batch check)",
+        "aggregation.md",
+        "tests/test_mutants_microbatch.py::test_micro_batch_check_accepts_a_correct_token_sum_loss",
+    ),
+    Claim(
+        "the kink band holds at its boundaries (0.5x inside, 1.5x outside)",
+        "tolerance.md",
+        "tests/test_mutants_kinks.py::test_token_band_native_inputs_scales_with_one_plus_the_log_ratio",
+    ),
+    Claim(
+        "every registry constant is pinned next to its source",
+        "registry.md",
+        "tests/test_mutants_registry.py::test_registry_constants_are_the_cited_ones",
+    ),
+    Claim(
+        "every test the docs and docstrings name exists",
+        "derivations/mutation.md",
+        "tests/test_mutants_references.py::test_every_named_test_exists",
+    ),
 )
 
 
