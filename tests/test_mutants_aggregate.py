@@ -24,9 +24,9 @@ def test_aggregate_takes_every_argument_by_keyword() -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: aggregate(X, MASK, "token-mean"),  # type: ignore[misc]
-        lambda: token_weights(MASK, "token-mean", 8),  # type: ignore[misc]
-        lambda: microbatch_token_weights(MASK, "token-mean", 1),  # type: ignore[misc]
+        lambda: aggregate(X, MASK, "token-mean"),  # type: ignore[call-arg]
+        lambda: token_weights(MASK, "token-mean", 8),  # type: ignore[call-arg]
+        lambda: microbatch_token_weights(MASK, "token-mean", 1),  # type: ignore[call-arg]
     ],
 )
 def test_options_are_keyword_only(call) -> None:  # type: ignore[no-untyped-def]

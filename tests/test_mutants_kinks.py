@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from polgrad_reference import ALGORITHMS, PolicyLossConfig
+from polgrad_reference import ALGORITHMS, PolicyLossConfig, SurrogateKind
 from pytest_polgrad.oracle import Oracle
 from pytest_polgrad.tolerance import KINK_ULPS, Tolerance, unit_roundoff
 
@@ -91,7 +91,7 @@ def test_dual_clip_bound_has_a_band_too() -> None:
 
 
 def test_no_band_for_surrogates_without_a_clip_kink() -> None:
-    cfg = PolicyLossConfig(surrogate="reinforce")
+    cfg = PolicyLossConfig(surrogate=SurrogateKind.REINFORCE)
     assert not bool(_ambiguous(cfg, [1.2, 1.2 * (1 + 1e-9)], 1.0, native=True).any())
 
 

@@ -40,18 +40,30 @@ def test_seq_mean_with_mean_scaling_over_equal_chunks_reproduces_the_full_batch(
     assert torch.allclose(summed, 2 * full, rtol=1e-15, atol=0)
 
 
-def _per_token(logprobs, old_logprobs, advantages):  # type: ignore[no-untyped-def]
+def _per_token(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor
+) -> torch.Tensor:
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = torch.clamp(ratio, 0.8, 1.28)
     return torch.maximum(-advantages[:, None] * ratio, -advantages[:, None] * clipped)
 
 
-def token_sum_loss(logprobs, old_logprobs, advantages, response_mask):  # type: ignore[no-untyped-def]
+def token_sum_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
     """A correct token-sum DAPO-clip loss: the sum over every response token."""
     return (_per_token(logprobs, old_logprobs, advantages) * response_mask).sum()
 
 
-def seq_mean_token_sum_loss(logprobs, old_logprobs, advantages, response_mask):  # type: ignore[no-untyped-def]
+def seq_mean_token_sum_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
     """Divides token-sum by the number of rows: what mean scaling would accept."""
     return token_sum_loss(logprobs, old_logprobs, advantages, response_mask) / len(advantages)
 

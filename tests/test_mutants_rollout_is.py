@@ -14,7 +14,14 @@ import math
 import pytest
 import torch
 
-from polgrad_reference import ALGORITHMS, ISCorrection, PolicyLossConfig, policy_loss
+from polgrad_reference import (
+    ALGORITHMS,
+    Aggregation,
+    ISCorrection,
+    ISMode,
+    PolicyLossConfig,
+    policy_loss,
+)
 
 F64 = torch.float64
 
@@ -39,7 +46,9 @@ def _batch(rho: list[list[float]], lengths: list[int], adv: list[float]) -> dict
 # Row 1 (A = -2): rho 0.5, 1.0, 1.0 -> the first token is out. Each row keeps two.
 MIXED = _batch([[1.0, 1.5, 1.0], [0.5, 1.0, 1.0]], [3, 3], [1.0, -2.0])
 KEEP = torch.tensor([[True, False, True], [False, True, True]])
-BAND = {"low": 0.9, "high": 1.1}
+LOW, HIGH = 0.9, 1.1
+MASK_BAND = ISCorrection(mode=ISMode.MASK, low=LOW, high=HIGH)
+ZERO_BAND = ISCorrection(mode=ISMode.ZERO, cap=None, low=LOW, high=HIGH)
 
 
 @pytest.mark.parametrize(
@@ -53,9 +62,11 @@ BAND = {"low": 0.9, "high": 1.1}
 def test_masked_is_drops_out_of_band_tokens_from_every_denominator(
     aggregation: str, masked: float, zeroed: float
 ) -> None:
-    base = PolicyLossConfig(aggregation=aggregation)
-    mask_cfg = base.replace(is_correction=ISCorrection(mode="mask", **BAND))
-    zero_cfg = base.replace(is_correction=ISCorrection(mode="zero", cap=None, **BAND))
+    base = PolicyLossConfig(aggregation=Aggregation(aggregation))
+    mask_cfg = base.replace(is_correction=MASK_BAND)
+    zero_cfg = base.replace(
+        is_correction=ISCorrection(mode=ISMode.ZERO, cap=None, low=LOW, high=HIGH)
+    )
     out = policy_loss(mask_cfg, **MIXED)
     assert torch.equal(out.response_mask, KEEP)  # a keep-mask that is neither all nor none
     assert out.loss.item() == pytest.approx(masked, rel=1e-15)
@@ -67,7 +78,8 @@ def test_masked_is_drops_out_of_band_tokens_from_every_denominator(
 
 def test_masked_is_gradient_is_zero_at_dropped_tokens_and_renormalised_elsewhere() -> None:
     cfg = PolicyLossConfig(
-        aggregation="token-mean", is_correction=ISCorrection(mode="mask", **BAND)
+        aggregation=Aggregation.TOKEN_MEAN,
+        is_correction=MASK_BAND,
     )
     lp = MIXED["logprobs"].clone().requires_grad_()
     (grad,) = torch.autograd.grad(policy_loss(cfg, **{**MIXED, "logprobs": lp}).loss, lp)
@@ -99,7 +111,7 @@ def test_truncated_is_weight_comes_from_old_logprobs_not_the_current_ones() -> N
     """Off-policy (``logprobs != old_logprobs``): the weight is ``pi_old / pi_rollout``;
     one computed from the current logprobs (``exp(lp - rollout)``) differs here."""
     batch = {**CAPPED, "logprobs": CAPPED["old_logprobs"] + torch.tensor([[0.1, -0.1, 0.05, 0.0]])}
-    cfg = PolicyLossConfig(aggregation="token-sum", is_correction=ISCorrection(cap=2.0))
+    cfg = PolicyLossConfig(aggregation=Aggregation.TOKEN_SUM, is_correction=ISCorrection(cap=2.0))
     lp = batch["logprobs"].clone().requires_grad_()
     (g,) = torch.autograd.grad(policy_loss(cfg, **{**batch, "logprobs": lp}).loss, lp)
     lp0 = batch["logprobs"].clone().requires_grad_()
@@ -138,7 +150,10 @@ ONE_ROW_LEFT = _batch([[1.0, 1.0], [1.5, 2.0]], [2, 2], [1.0, -2.0])
 def test_a_row_with_every_token_dropped_is_not_counted(aggregation: str, want: float) -> None:
     """Masked IS is the only way a row can lose all its tokens; the seq-mean modes then
     average over the rows that still have one (docs/aggregation.md)."""
-    cfg = PolicyLossConfig(aggregation=aggregation, is_correction=ISCorrection(mode="mask", **BAND))
+    cfg = PolicyLossConfig(
+        aggregation=Aggregation(aggregation),
+        is_correction=MASK_BAND,
+    )
     out = policy_loss(cfg, **ONE_ROW_LEFT)
     assert out.response_mask.tolist() == [[True, True], [False, False]]
     assert out.loss.item() == pytest.approx(want, rel=1e-15)
@@ -149,7 +164,7 @@ def test_a_row_with_every_token_dropped_is_not_counted(aggregation: str, want: f
 )
 def test_every_token_dropped_gives_a_zero_loss_and_gradient_not_nan(aggregation: str) -> None:
     cfg = PolicyLossConfig(
-        aggregation=aggregation, is_correction=ISCorrection(mode="mask", low=10.0)
+        aggregation=Aggregation(aggregation), is_correction=ISCorrection(mode=ISMode.MASK, low=10.0)
     )
     lp = MIXED["logprobs"].clone().requires_grad_()
     out = policy_loss(cfg, **{**MIXED, "logprobs": lp})

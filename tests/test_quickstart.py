@@ -22,7 +22,7 @@ from pathlib import Path
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pytest depends on tomli before 3.11
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "quickstart.md"

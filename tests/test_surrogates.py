@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from polgrad_reference import ClipConfig, SurrogateKind, clip_region
+from polgrad_reference import ClipBounds, ClipConfig, SurrogateKind, clip_region
 from polgrad_reference.config import QuadraticPenalty, SoftGate
 from polgrad_reference.surrogates import surrogate
 
@@ -148,7 +148,7 @@ def test_clip_region_dual_clip_and_absolute_bounds() -> None:
     r = torch.tensor([[3.0, 3.0 + 1e-12, 2.0]], dtype=F64)
     a = torch.full_like(r, -1.0)
     assert clip_region(ratio=r, advantages=a, clip=dual).tolist() == [[False, True, False]]
-    absolute = ClipConfig(eps_low=None, eps_high=5.0, bounds="absolute")
+    absolute = ClipConfig(eps_low=None, eps_high=5.0, bounds=ClipBounds.ABSOLUTE)
     r = torch.tensor([[5.0, 5.5, 0.01]], dtype=F64)
     assert clip_region(ratio=r, advantages=torch.ones_like(r), clip=absolute).tolist() == [
         [False, True, False]
