@@ -7,15 +7,18 @@ the reference semantics of the very tensors the function under test received.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 import torch
 
 from polgrad_reference import (
+    ISLevel,
+    ISMode,
     PolicyLossConfig,
     PolicyLossOutput,
     RatioKind,
-    SurrogateKind,
+    kink_ratios,
     policy_loss,
 )
 
@@ -51,6 +54,9 @@ class OracleResult:
     when the inputs are rounded to a coarser precision."""
     cond_native: torch.Tensor | None = None
     """``[B, 1]``: ``1 + max_t |logprobs - old_logprobs|`` (inputs exact)."""
+    undecided: bool = False
+    """A rollout-IS keep/drop decision (mask or zero mode) lies within rounding distance
+    of its band: the loss jumps there, so the batch cannot be judged at this precision."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +144,7 @@ class Oracle:
             grad_scale_native=grad_native,
             cond=cond,
             cond_native=native,
+            undecided=self._is_undecided(x, x["response_mask"], kink_eps, native_kinks),
         )
 
     def _kl_grad_scale(
@@ -154,20 +161,45 @@ class Oracle:
         weights = out.weights if out.kl_weights is None else out.kl_weights
         return self.config.kl.coef * weights * (torch.exp(lr) + 1.0 + lr.abs()) * cond
 
+    def _is_undecided(
+        self, x: Mapping[str, torch.Tensor], mask: torch.Tensor, eps: float, native: bool
+    ) -> bool:
+        """Whether a rollout-IS statistic (``log rho`` of a token, its row sum or row mean)
+        lies within ``eps`` roundings of a mask/zero-mode bound. Truncation is continuous
+        and never undecided; a token with ``old == rollout`` bitwise has ``rho = 1`` in any
+        precision."""
+        corr = self.config.is_correction
+        if corr is None or corr.mode is ISMode.TRUNCATE:
+            return False
+        old = torch.where(mask, x["old_logprobs"], 0.0)
+        roll = torch.where(mask, x["rollout_logprobs"], 0.0)
+        log_rho = old - roll
+        cond = (1.0 + log_rho.abs()) if native else (1.0 + old.abs() + roll.abs())
+        err = torch.where(old == roll, 0.0, eps * cond)
+        if corr.level is ISLevel.TOKEN:
+            stat, band, keep = log_rho, err, mask
+        else:
+            n = mask.sum(dim=1).clamp(min=1).to(old.dtype)
+            stat, band = log_rho.sum(dim=1), err.sum(dim=1)
+            if corr.level is ISLevel.GEOMETRIC:
+                stat, band = stat / n, band / n
+            keep = mask.any(dim=1)
+        logs = [math.log(b) for b in (corr.low, corr.high) if b is not None and b > 0]
+        return any(bool((((stat - lb).abs() <= band) & keep).any()) for lb in logs)
+
     def _kinks(self, ratio: torch.Tensor, mask: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
         """Tokens whose ratio lies within ``rel * bound`` of a clip bound. A sequence
         ratio ``exp(mean_t lr_t)`` also carries the mean's summation error (``log2 n``
         roundings, Higham Sec. 4.2), and its whole row is ambiguous."""
-        clip = self.config.clip
-        if self.config.surrogate not in (SurrogateKind.PG_CLIP, SurrogateKind.CISPO):
+        bounds = kink_ratios(self.config)  # where the surrogate changes branch
+        if not bounds:
             return torch.zeros_like(mask)
         if self.config.ratio is not RatioKind.TOKEN:
             n = mask.sum(dim=1, keepdim=True).clamp(min=1).to(rel.dtype)
             rel = torch.where(mask, rel, 0.0).amax(dim=1, keepdim=True) * (1.0 + torch.log2(n))
         near = torch.zeros_like(mask)
-        for bound in (clip.low, clip.high, clip.dual_clip):
-            if bound is not None:
-                near |= (ratio - bound).abs() <= rel * bound
+        for bound in bounds:
+            near |= (ratio - bound).abs() <= rel * bound
         if self.config.ratio is not RatioKind.TOKEN:
             near = (near & mask).any(dim=1, keepdim=True).expand_as(mask)
         return near & mask
