@@ -8,10 +8,16 @@ but torch.
 from __future__ import annotations
 
 from .advantages import (
+    OPENRLHF_WHITENING,
+    REFERENCE_WHITENING,
+    VERL_WHITENING,
+    WhitenEps,
+    Whitening,
     compute_advantages,
     discounted_returns,
     gae,
     grpo_advantages,
+    opo_advantages,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
@@ -45,6 +51,7 @@ from .config import (
     SurrogateKind,
     SurrogateParams,
 )
+from .entropy import entropy_bonus, sampled_token_entropy, token_entropy
 from .errors import ConfigError, InputError, InputTypeError, NumericalError, PolgradError
 from .kl import categorical_kl, kl_estimate, kl_penalized_rewards, reverse_kl_surrogate
 from .loss import PolicyLossOutput, covariance_selection, policy_loss
@@ -55,6 +62,9 @@ from .value import clipped_value_loss, value_loss_per_token
 
 __all__ = [
     "ALGORITHMS",
+    "OPENRLHF_WHITENING",
+    "REFERENCE_WHITENING",
+    "VERL_WHITENING",
     "AdvantageConfig",
     "AdvantageEstimator",
     "Aggregation",
@@ -87,6 +97,8 @@ __all__ = [
     "SurrogateKind",
     "SurrogateParams",
     "Unstated",
+    "WhitenEps",
+    "Whitening",
     "aggregate",
     "categorical_kl",
     "clip_region",
@@ -95,6 +107,7 @@ __all__ = [
     "covariance_selection",
     "describe_algorithm",
     "discounted_returns",
+    "entropy_bonus",
     "gae",
     "get_algorithm",
     "grpo_advantages",
@@ -102,13 +115,16 @@ __all__ = [
     "kl_estimate",
     "kl_penalized_rewards",
     "microbatch_token_weights",
+    "opo_advantages",
     "policy_loss",
     "ratio",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "reverse_kl_surrogate",
     "rloo_advantages",
+    "sampled_token_entropy",
     "surrogate",
+    "token_entropy",
     "token_level_rewards",
     "token_weights",
     "value_loss_per_token",
