@@ -218,7 +218,8 @@ class _Found:
     inputs: Any
     exc: AssertionError
     source: str
-    """Where the failing input came from: 'corpus batch <name>', 'pool', 'search'."""
+    """Where the failing input came from ("canonical corpus batch 'ragged'", "drawn batch
+    of the pool", "realistic-size batch of the pool", "search")."""
     shrunk: bool = False
 
 
@@ -285,9 +286,9 @@ def _candidates(
         yield f"canonical corpus batch {name!r}", inputs
     drawn, extra = _pool(kind, ctx, check, seed, max(max_examples - len(corpus), 0))
     for inputs in drawn:
-        yield "pool", inputs
+        yield "drawn batch of the pool", inputs
     for inputs in extra:
-        yield "pool (a realistic-size batch)", inputs
+        yield "realistic-size batch of the pool", inputs
 
 
 def run_check(
@@ -351,30 +352,51 @@ def _refine(
     seed: int,
     max_examples: int,
 ) -> tuple[_Found, int]:
-    """Shrink a found failure (Hypothesis first, then the kind's own shrinker), or turn a
-    failure that does not reproduce into the non-determinism verdict."""
-    from .target import Verdict
+    """Make a found failure small, or turn one that does not recur into the
+    non-determinism verdict.
 
+    A pooled input: Hypothesis searches and shrinks with the pool's seed (it meets the
+    same inputs in the same order); if it does not reproduce the failure, the kind's
+    ``shrink`` reduces the input. A corpus input (canonical, small, literal values): the
+    kind's ``shrink`` only, which is cheaper than a search and keeps the values.
+    """
     again = _attempt(ctx, check, found.inputs)
     if again is None:
         return _non_deterministic(found), 0
     found.exc = again
-    hit, searched, flaky = _search(ctx, check, kind.strategy(ctx, check), seed, max_examples)
-    if flaky:
-        return _non_deterministic(found), searched
-    if hit is not None:
-        return hit, searched
+    searched = 0
+    corpus = found.source.startswith("canonical corpus")
+    if not corpus:
+        hit, searched, flaky = _search(ctx, check, kind.strategy(ctx, check), seed, max_examples)
+        if flaky:
+            return _non_deterministic(found), searched
+        if hit is not None:
+            return hit, searched
     shrink = getattr(kind, "shrink", None)
-    if shrink is not None and not isinstance(found.exc, Verdict):
-        smaller = shrink(ctx, found.inputs, lambda x: _attempt(ctx, check, x) is not None)
-        if smaller is not found.inputs:
-            exc = _attempt(ctx, check, smaller)
-            if exc is not None:
-                found = _Found(smaller, exc, found.source + ", reduced by the kit's shrinker")
-    ctx.notes.add(
-        f"the failing input was found in the {found.source} and not shrunk by Hypothesis "
-        f"(its search did not reproduce it within {max_examples} examples)"
-    )
+    reduced = ""
+    if shrink is not None:
+        same = type(found.exc)
+        calls = [0]
+
+        def fails(x: Any) -> bool:
+            calls[0] += 1
+            return isinstance(_attempt(ctx, check, x), same)
+
+        smaller = shrink(ctx, found.inputs, fails)
+        searched += calls[0]
+        exc = _attempt(ctx, check, smaller) if smaller is not found.inputs else None
+        if isinstance(exc, same):
+            found = _Found(smaller, exc, found.source)
+            reduced = ", reduced by the kit's shrinker (rows dropped, columns cut; values kept)"
+    if corpus:
+        note = f"the failing input is the {found.source}{reduced}"
+    else:
+        note = (
+            f"the failing input is the {found.source}{reduced}; Hypothesis did not reproduce "
+            f"the failure within {max_examples} examples, so it was not shrunk by Hypothesis"
+        )
+    ctx.notes.add(note)
+    found.source += reduced
     return found, searched
 
 
@@ -403,9 +425,7 @@ def _report(
     else:
         text, diagnosis, match = _generic_report(kind, ctx, check, found, replay, diagnose)
     if not found.shrunk:
-        text = text.replace(
-            "(the smallest Hypothesis found)", f"(found in the {found.source}; not shrunk)"
-        )
+        text = text.replace("(the smallest Hypothesis found)", f"(the {found.source})")
     return str(text), str(diagnosis), str(match)
 
 
@@ -423,7 +443,7 @@ def _generic_report(
     exc = found.exc
     label = "verdict" if isinstance(exc, Verdict) else "finding"
     ref = getattr(ctx.options, "reference_id", "")
-    how = "the smallest Hypothesis found" if found.shrunk else f"found in the {found.source}"
+    how = "the smallest Hypothesis found" if found.shrunk else f"the {found.source}"
     out = [
         f"{ctx.name} does not conform to {ref!r}: check {check.name!r} failed",
         f"  property   {check.summary}",

@@ -191,3 +191,16 @@ def test_assert_conforms_reports_a_stateful_loss_and_runs_every_check() -> None:
     report = info.value.report
     assert [r.check for r in report.results] == checks_for(parse_marker(("dapo",), {}))
     assert any(NON_DETERMINISTIC in r.message for r in report.results)
+
+
+def test_a_corpus_failure_is_reduced_by_the_kits_shrinker() -> None:
+    opts = parse_marker(("dapo",), {})
+    result = run_check(
+        build_context(dapo_with_dual_clip, opts), "value", max_examples=5, base_seed=0
+    )
+    assert not result.passed
+    line = next(ln for ln in result.report.splitlines() if ln.strip().startswith("batch"))
+    # the dual clip shows on the clip-boundaries row with A = -2 and ratios 2.9, 3.1, ...
+    assert "B=1, T=2" in line and "canonical corpus batch 'clip-boundaries'" in line, line
+    assert "reduced by the kit's shrinker" in line
+    assert result.examples > 1  # the corpus batch, then the shrinker's calls
