@@ -69,7 +69,7 @@ def test_the_dual_clip_loss_without_dual_clip_conforms() -> None:
         )
         return per.sum() / kw["response_mask"].sum()
 
-    assert_conforms(dapo_plain, "dapo", max_examples=30)
+    assert_conforms(dapo_plain, "dapo", max_examples=12, checks=("value", "gradient"))
 
 
 def test_renaming_a_function_changes_no_result() -> None:
@@ -109,13 +109,14 @@ def test_the_pool_is_drawn_once_for_every_check_and_function(
         return real(strategy, seed, n)
 
     monkeypatch.setattr(engine, "_draw_pool", counting)
-    opts = parse_marker(("dapo",), {})
+    opts = parse_marker(("dapo",), {"max_batch": 4, "max_length": 16})  # small: cheap
     semantic = [c for c in checks_for(opts) if c != "extreme-finite"]
+    assert "on-policy" in semantic  # a prepared check shares the pool too
     for fn in (L.dapo, _renamed(L.dapo, "another_dapo")):
         for check in semantic:
-            assert run_check(build_context(fn, opts), check, max_examples=20, base_seed=9).passed
+            assert run_check(build_context(fn, opts), check, max_examples=12, base_seed=9).passed
     assert len(draws) == 1
-    run_check(build_context(L.dapo, opts), "extreme-finite", max_examples=20, base_seed=9)
+    run_check(build_context(L.dapo, opts), "extreme-finite", max_examples=12, base_seed=9)
     assert len(draws) == 2  # another domain, another pool
 
 
