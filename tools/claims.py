@@ -255,6 +255,89 @@ CLAIMS: tuple[Claim, ...] = (
         "derivations/mutation.md",
         "tests/test_mutants_references.py::test_every_named_test_exists",
     ),
+    # ------------------------------------------------------- targets, frameworks, safety
+    Claim(
+        "a training step's accumulated gradient (micro-batches, ranks, generation steps) "
+        "equals the full-batch reference; each known accumulation bug is flagged under its "
+        "split and named",
+        "conformance.md",
+        "tests/test_target_training_step.py::test_mutant_is_flagged_under_its_split_with_a_diagnosis",
+    ),
+    Claim(
+        "correct token-mean, seq-mean-token-mean, seq-mean-token-sum and token-sum-norm "
+        "accumulations pass, also computing in float32",
+        "conformance.md",
+        "tests/test_target_training_step.py::test_correct_accumulation_passes",
+    ),
+    Claim(
+        "wrong advantage estimators (population std, eps in the sqrt, RLOO without G/(G-1), "
+        "GAE ignoring dones, ...) are flagged and named",
+        "conformance.md",
+        "tests/test_target_advantages.py::test_wrong_estimators_are_flagged_with_a_diagnosis",
+    ),
+    Claim(
+        "wrong KL penalties (k3 with a flipped log-ratio, k2 without 1/2, missing clamp, ...) "
+        "are flagged and named",
+        "conformance.md",
+        "tests/test_target_kl.py::test_wrong_estimator_is_flagged_and_named",
+    ),
+    Claim(
+        "wrong aggregations, value losses and entropy terms are flagged and named",
+        "conformance.md",
+        "tests/test_target_aggregation.py::test_wrong_aggregation_is_flagged",
+    ),
+    Claim(
+        "every correct loss passes every check for 20 seeds, in float64, float32 inside, "
+        "float32 and bfloat16 inputs (no false alarm)",
+        "tolerance.md",
+        "tests/test_sweep_correct.py::test_every_correct_loss_passes_every_check_at_20_seeds",
+    ),
+    Claim(
+        "a rollout-IS keep/drop decision within rounding of its band is not judged, and a "
+        "wrong band is still caught",
+        "tolerance.md",
+        "tests/test_is_decisions.py::test_a_wrong_band_is_caught_in_float64",
+    ),
+    Claim(
+        "a difference visible on the canonical corpus (verl's always-on dual clip) is found "
+        "at every seed and under every function name, at 5 examples",
+        "conformance.md",
+        "tests/test_engine_pool.py::test_corpus_finds_the_dual_clip_at_every_seed_and_name",
+    ),
+    Claim(
+        "bugs that only show at realistic sizes (chunked means, truncation at 300 tokens, "
+        "past 1024 tokens) are flagged with default options",
+        "conformance.md",
+        "tests/test_realistic_sizes.py::test_mutant_is_flagged_with_default_options",
+    ),
+    Claim(
+        "an early-stopped --snapshot-update (-x, Ctrl-C, collection error, crashed worker) "
+        "deletes no snapshot, serially and under -n 2",
+        "snapshots.md",
+        "tests/test_snapshot_safety.py::test_an_early_stop_deletes_no_snapshot",
+    ),
+    Claim(
+        "expect= never excuses a raised exception, a non-finite result or a larger "
+        "deviation than declared",
+        "conformance.md",
+        "tests/test_expect_semantics.py::test_a_verdict_is_never_excused",
+    ),
+    Claim(
+        "every bad input in the table gets its named error, never a traceback",
+        "options.md",
+        "tests/test_bad_inputs.py::test_the_count_of_bad_inputs",
+    ),
+    Claim(
+        "the frameworks' recorded outputs equal the reference configs claimed for them, "
+        "without the frameworks installed",
+        "frameworks.md",
+        "tests/test_frameworks_recorded.py::test_recorded_outputs_equal_the_claimed_reference",
+    ),
+    Claim(
+        "each recorded framework deviation still shows in the recorded outputs",
+        "frameworks.md",
+        "tests/test_frameworks_recorded.py::test_recorded_outputs_differ_from_the_named_algorithm",
+    ),
 )
 
 
@@ -263,7 +346,8 @@ def render(claims: tuple[Claim, ...], link_prefix: str) -> str:
     rows = ["| claim | derivation | enforced by |", "|---|---|---|"]
     for c in claims:
         mark = " (seed)" if c.seed else ""
-        rows.append(f"| {c.text}{mark} | [{c.page}]({link_prefix}{c.page}) | `{c.test}` |")
+        text = c.text.replace("|", "\\|")  # a bare | would split the table cell
+        rows.append(f"| {text}{mark} | [{c.page}]({link_prefix}{c.page}) | `{c.test}` |")
     return "\n".join(rows) + "\n"
 
 
