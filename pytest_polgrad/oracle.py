@@ -13,11 +13,14 @@ from collections.abc import Mapping
 import torch
 
 from polgrad_reference import (
+    DivergenceMask,
+    GammaWeight,
     ISLevel,
     ISMode,
     PolicyLossConfig,
     PolicyLossOutput,
     RatioKind,
+    SurrogateKind,
     kink_ratios,
     policy_loss,
 )
@@ -124,13 +127,14 @@ class Oracle:
         if grad:
             g_abs = g.abs()
             base = g_abs + g_abs.amax(dim=1, keepdim=True)
-            grad_scale, grad_native = base * cond, base * native
+            coupling = self._row_coupling(x, mask, adv)
+            grad_scale, grad_native = base * cond * coupling, base * native * coupling
             if out.kl is not None:
                 assert kl_cond is not None and kl_native is not None
                 grad_scale = grad_scale + self._kl_grad_scale(out, x, kl_cond)
                 grad_native = grad_native + self._kl_grad_scale(out, x, kl_native)
             band = kink_eps * (token_native if native_kinks else token_cond)
-            ambiguous = self._kinks(ratio, mask, band)
+            ambiguous = self._kinks(ratio, mask, band) | self._gate_kinks(x, mask, band)
         else:  # a value-only comparison needs neither
             grad_scale, ambiguous = g, torch.zeros_like(mask)
         return OracleResult(
@@ -160,6 +164,52 @@ class Oracle:
         lr = ref - lp
         weights = out.weights if out.kl_weights is None else out.kl_weights
         return self.config.kl.coef * weights * (torch.exp(lr) + 1.0 + lr.abs()) * cond
+
+    def _row_coupling(
+        self, x: Mapping[str, torch.Tensor], mask: torch.Tensor, adv: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, 1]`` amplification of rounding by a weight computed from the whole row:
+        VESPO's ``phi(w) = exp(lam + k log w - lam w)`` with ``log w = sum_t lr_t`` has
+        ``d log phi / d log w = k - lam w``, and ``log w`` sums ``n`` roundings, so its
+        gradient's relative error grows by ``1 + n |k - lam w|`` (1 for the others)."""
+        params = self.config.params
+        if self.config.surrogate is not SurrogateKind.VESPO or not isinstance(params, GammaWeight):
+            return torch.ones((mask.shape[0], 1), dtype=F64)
+        lr = torch.where(mask, x["logprobs"] - x["old_logprobs"], 0.0)
+        log_w = lr.sum(dim=1, keepdim=True)
+        pos = adv[:, :1] >= 0
+        k = torch.where(pos, params.k_pos, params.k_neg)
+        lam = torch.where(pos, params.lambda_pos, params.lambda_neg)
+        slope = (k - lam * torch.exp(log_w.clamp(max=50.0))).abs()
+        return 1.0 + mask.sum(dim=1, keepdim=True).to(F64) * slope
+
+    def _gate_kinks(
+        self, x: Mapping[str, torch.Tensor], mask: torch.Tensor, band: torch.Tensor
+    ) -> torch.Tensor:
+        """DPPO's trust-region gates switch a token on or off where ``p - p_old`` (TV) or
+        the binary KL reaches ``delta``: tokens within the rounding band of it are
+        ambiguous, like a clip kink (their gradient jumps between 0 and the IS term)."""
+        params = self.config.params
+        kind = self.config.surrogate
+        if kind not in (SurrogateKind.DPPO_TV, SurrogateKind.DPPO_KL) or not isinstance(
+            params, DivergenceMask
+        ):
+            return torch.zeros_like(mask)
+        lp = torch.where(mask, x["logprobs"], 0.0)
+        old = torch.where(mask, x["old_logprobs"], 0.0)
+        p, p_old = torch.exp(lp), torch.exp(old)
+        if kind is SurrogateKind.DPPO_TV:
+            stat, scale = p - p_old, p + p_old
+            targets = (params.delta_high, -params.delta_low)
+        else:
+            log1m, log1m_old = torch.log(-torch.expm1(lp)), torch.log(-torch.expm1(old))
+            stat = p_old * (old - lp) + (1.0 - p_old) * (log1m_old - log1m)
+            scale = 1.0 + stat.abs() + p_old * (old - lp).abs()
+            targets = (params.delta_high, params.delta_low)
+        near = torch.zeros_like(mask)
+        for t in targets:
+            near |= (stat - t).abs() <= band * scale
+        return near & mask
 
     def _is_undecided(
         self, x: Mapping[str, torch.Tensor], mask: torch.Tensor, eps: float, native: bool
