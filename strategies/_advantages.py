@@ -28,7 +28,10 @@ __all__ = [
 ADVANTAGE_GRID = (1.0, -1.0, 0.0, 0.5, -0.5, 2.0, -2.0, 0.0, 0.25, -3.0)
 _CANCEL = (1.0, 0.5, 2.0, 0.25, 3.0)
 _NOISE = (0.0, 0.5, 1.0)
-_RANDOM_MAX = 3.0  # random magnitudes lie in [0.1, 3]
+# Random magnitudes lie in [0.1, 8.1]: GRPO's largest advantage is (G - 1) / sqrt(G) for one
+# success in a group of G, 3.75 at G = 16 and 7.9 at G = 64, so a loss that clamps
+# advantages to [-3, 3] (or token ones to [-4.5, 4.5]) is seen (issue 15).
+_RANDOM_MAX = 8.1
 
 
 # Simple values per row (first: the shrink target) weigh twice.
