@@ -142,7 +142,8 @@ def _header(cfg: Any, where: Importable) -> list[str]:
             "",
             "import torch",
             "",
-            f"sys.path.insert(0, {where.path!r})  # where pytest imported {where.module} from",
+            f"sys.path[:0] = [{where.path!r}, '.']  # where pytest imported {where.module} "
+            "from, and the directory to run from (the project's own packages)",
             f"from {where.module} import {where.attribute}",
         ]
     else:

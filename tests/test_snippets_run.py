@@ -230,13 +230,43 @@ def test_a_snippet_for_a_function_under_tests_runs_from_the_named_directory(
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     instruction, code = _snippet(text[text.index("does not conform to 'dapo'") :])
-    assert "sys.path.insert(0, 'tests')" in code
+    assert "sys.path[:0] = ['tests', '.']" in code
     assert "from test_conformance import dapo_loss" in code
     run_from = _run_from(instruction)
     assert Path(run_from) == pytester.path
     stdout = _execute(code, tmp_path, run_from)
     printed = stdout.split()
     assert printed[0] == "function:" and float(printed[1]) != pytest.approx(float(printed[3]))
+
+
+def test_a_snippet_importing_the_projects_own_package_runs_when_saved_elsewhere(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """A new user's test imported the loss from the project's package (``pythonpath = .``):
+    the snippet, saved outside the project and run from the directory the report names,
+    must find that package too."""
+    pkg = pytester.mkdir("mytrainer")
+    (pkg / "__init__.py").write_text("")
+    body = PROJECT_LOSS.split("def dapo_loss", 1)[1]
+    (pkg / "loss.py").write_text(
+        "import torch\n\n\ndef dapo_loss" + body.replace("def dapo_loss", "def dapo_loss")
+    )
+    tests = pytester.mkdir("tests")
+    (tests / "test_conformance.py").write_text(
+        "import pytest\n\nfrom mytrainer.loss import dapo_loss as _impl\n\n\n"
+        '@pytest.mark.polgrad_conforms("dapo", checks=["value"])\n'
+        "def dapo_loss(logprobs, old_logprobs, advantages, response_mask):\n"
+        "    return _impl(logprobs, old_logprobs, advantages, response_mask)\n"
+    )
+    pytester.makeini("[pytest]\npythonpath = .\n")
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
+    )
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    instruction, code = _snippet(text[text.index("does not conform to 'dapo'") :])
+    stdout = _execute(code, tmp_path, _run_from(instruction))
+    assert stdout.split()[0] == "function:"
 
 
 SCRIPT = """
