@@ -100,7 +100,13 @@ def test_every_correct_loss_passes_every_check_at_20_seeds(mode: str, case: Case
     for seed in SEEDS:
         try:
             assert_conforms(
-                wrap(fn), reference, max_examples=EXAMPLES, seed=seed, **SIZES, **options, **mode_options
+                wrap(fn),
+                reference,
+                max_examples=EXAMPLES,
+                seed=seed,
+                **SIZES,
+                **options,
+                **mode_options,
             )
         except ConformanceError as exc:
             failures.append(f"{label} seed={seed}:\n{exc}")
