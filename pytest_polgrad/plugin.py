@@ -390,7 +390,10 @@ class Reporter:
 
 
 def _diagnosis(rows: list[dict[str, Any]], failed: int, expected: int) -> str:
-    found = next((str(r.get("match", "")) for r in rows if r.get("match")), "")
+    # A semantic check's diagnosis first, whatever order xdist delivers the rows in: the
+    # golden row's "golden not recorded yet" must not hide it.
+    ordered = sorted(rows, key=lambda r: r.get("check") == "golden")
+    found = next((str(r.get("match", "")) for r in ordered if r.get("match")), "")
     if found:
         return found
     missing = [r for r in rows if r.get("golden") == "missing"]
