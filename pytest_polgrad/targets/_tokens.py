@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from ..checks import CheckFailure
 from ..options import ConformanceOptions, MarkerError, did_you_mean
 from ..strategies._snippet import snippet
 from ..target import Verdict
+from ..target import guarded_call as call_guarded  # one safe call for every kind
 from ..tolerance import Comparison, Tolerance
 
 __all__ = [
@@ -120,15 +120,6 @@ def parameters(fn: Callable[..., Any], universe: Iterable[str]) -> frozenset[str
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return frozenset(names)
     return frozenset(p.name for p in params if p.name in names)
-
-
-def call_guarded(fn: Callable[..., Any], kwargs: Mapping[str, Any], what: str) -> Any:
-    """Call ``fn(**kwargs)``; its exception (or ``SystemExit``) becomes a :class:`Verdict`."""
-    try:
-        return fn(**kwargs)
-    except (Exception, SystemExit) as exc:
-        frames = traceback.format_exception_only(type(exc), exc)
-        raise Verdict(f"the function raised on {what}: {''.join(frames).strip()}") from exc
 
 
 def require_scalar(value: object, what: str) -> torch.Tensor:
