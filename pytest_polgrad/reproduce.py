@@ -25,7 +25,17 @@ from polgrad_reference import Aggregation, RatioKind, SurrogateKind
 if TYPE_CHECKING:
     from .checks import Context
 
-__all__ = ["Importable", "config_source", "importable", "snippet"]
+__all__ = [
+    "Importable",
+    "check_lines",
+    "config_source",
+    "how_to_run",
+    "import_lines",
+    "importable",
+    "kind_snippet",
+    "pick_line",
+    "snippet",
+]
 
 
 def config_source(value: Any) -> str:
@@ -127,7 +137,19 @@ def importable(fn: Any, name: str = "") -> Importable:
     return Importable(found[0], str(module_name), path, run_from)
 
 
-def _header(cfg: Any, where: Importable) -> list[str]:
+def how_to_run(where: Importable) -> str:
+    """What to do with the snippet: run it from ``where.run_from`` (the ``sys.path`` entries
+    it adds are relative to it), or paste the definition of a function it cannot import."""
+    if where.module is not None:
+        return f"save it as a file and run it with python from {where.run_from}"
+    return f"paste the definition of {where.attribute} where marked, then run it"
+
+
+def import_lines(where: Importable) -> list[str]:
+    """``import torch`` and the lines that give the snippet the function under the name
+    ``where.attribute``: ``sys.path`` (the directory pytest imported the module from and
+    the directory to run from), the import, the ``functools.partial`` rebinding of a
+    parametrized function, or where to paste a function that cannot be imported."""
     if where.module is None:
         lines = [
             "import torch",
@@ -154,6 +176,11 @@ def _header(cfg: Any, where: Importable) -> list[str]:
             f"{where.attribute} = functools.partial({where.attribute}, {where.bound})"
             "  # the parametrize parameters of the item"
         )
+    return lines
+
+
+def _header(cfg: Any, where: Importable) -> list[str]:
+    lines = import_lines(where)
     names = sorted(_config_types(cfg, set()))
     lines += [f"from polgrad_reference import {', '.join([*names, 'policy_loss'])}"]
     return lines
@@ -359,4 +386,137 @@ def snippet(ctx: Context, batch: Any, check: str = "value") -> str:
     lines += _runner(ctx, where)
     lines += _reference_lines(ctx, check)
     lines += _check_lines(ctx, check)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- the other kinds' snippets
+#
+# Every kind's snippet has one shape: the function imported as above, the inputs as
+# literals (``inputs``: canonical tensors by name), ``run(inputs)`` calling the function
+# exactly as the check did and returning ``(out, grad, passed, before)`` (the result in the
+# canonical layout, the gradient the check took or None, the tensors as passed, copies
+# taken before the call), ``reference(inputs, out)`` returning the float64 reference
+# ``(expected, expected_grad)``, then the check's own lines (:func:`check_lines`).
+
+_KIND_HELPERS = [
+    "",
+    "",
+    "def same(a, b):",
+    '    """Same shape and values (NaN equal to NaN)."""',
+    "    if a is None or b is None:",
+    "        return a is b",
+    "    a, b = torch.as_tensor(a).detach(), torch.as_tensor(b).detach()",
+    "    return a.shape == b.shape and bool(((a == b) | ((a != a) & (b != b))).all())",
+    "",
+    "",
+    "def show(label, actual, against, expected, mask):",
+    '    """Print both and their largest difference (token tensors: at response positions)."""',
+    "    a, e = actual.detach().double(), expected.detach().double()",
+    "    for name, t in ((label, a), (against, e)):",
+    "        print(f'{name}:', t.item() if t.dim() == 0 else t.tolist() if t.numel() <= 64",
+    "              else f'tensor of shape {list(t.shape)}')",
+    "    if e.dim() < a.dim():  # a row value against the row broadcast over its tokens",
+    "        e = e.reshape(e.shape + (1,) * (a.dim() - e.dim())).expand_as(a)",
+    "    where = torch.ones(a.shape, dtype=torch.bool)",
+    "    if a.dim() >= 2 and a.shape[:2] == mask.shape:",
+    "        where = mask.reshape(mask.shape + (1,) * (a.dim() - 2)).expand_as(a)",
+    "    diff = torch.where(where, (a - e).abs().nan_to_num(nan=float('inf')), 0.0)",
+    "    pos = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))",
+    "    print('largest difference:', diff.max().item(), 'at', pos,",
+    "          f'({label}', a[pos].item(), f'{against}', e[pos].item(), ')')",
+    "",
+    "",
+    "def at_padding(grad, mask):",
+    '    """The largest |gradient| at padding positions (the check needs exactly 0)."""',
+    "    m = mask.reshape(mask.shape + (1,) * (grad.dim() - 2)).expand_as(grad)",
+    "    return grad.double().masked_fill(m, 0.0).abs().max().item()",
+]
+
+
+def pick_line(key: str | int | None, default: str, indent: str = "    ") -> str:
+    """The snippet line taking the result out of a tuple/list/dict as the kind does
+    (``loss=`` on the marker, else the first item or the ``default`` key)."""
+    if key is not None:
+        return f"{indent}out = out[{key!r}]"
+    return (
+        f"{indent}out = out[0] if isinstance(out, (tuple, list)) else "
+        f"out[{default!r}] if isinstance(out, dict) else out"
+    )
+
+
+def check_lines(
+    mode: str, *, other: list[str] | None = None, grads: bool = True, what: str = ""
+) -> list[str]:
+    """The lines after the definitions: what a check of ``mode`` did and compared.
+
+    ``value`` / ``gradient``: the function's result / gradient against the reference's;
+    ``masked``: the gradient at padding; ``same``: the function's own result (and, with
+    ``grads``, gradient) on ``other`` (lines building ``other`` from ``inputs``; ``what``
+    says what changed) against the original inputs'; ``inputs-unchanged``; ``deterministic``.
+    """
+    mask = "inputs['response_mask']"
+    padding = f"print('largest |gradient| at padding (must be 0):', at_padding(grad, {mask}))"
+    tails = {
+        "value": [
+            "expected, expected_grad = reference(inputs, out)",
+            f"show('function', out, 'reference', expected, {mask})",
+        ],
+        "gradient": [
+            "expected, expected_grad = reference(inputs, out)",
+            f"show('function gradient', grad, 'reference gradient', expected_grad, {mask})",
+            padding,
+        ],
+        "masked": [padding],
+        "inputs-unchanged": [
+            "print('inputs modified in place:',",
+            "      [k for k, v in before.items() if not same(v, passed[k])])",
+        ],
+        "deterministic": [
+            "out2, grad2, _, _ = run(inputs)",
+            "print('same result twice:', same(out, out2), ' same gradient twice:',",
+            "      same(grad, grad2))",
+        ],
+    }
+    if mode == "same":
+        assert other is not None
+        tail = [f"# the check: {what}", *other, "out2, grad2, _, _ = run(other)"]
+        tail += [
+            f"width = {mask}.shape[1]",
+            "out2 = out2[:, :width] if out2.dim() >= 2 else out2  # the original columns",
+            f"show('function', out2, 'function on the original inputs', out, {mask})",
+        ]
+        if grads:
+            tail += [
+                "show('gradient', grad2[:, :width], 'gradient on the original inputs', grad,",
+                f"     {mask})",
+            ]
+        tails["same"] = tail
+    if mode not in tails:
+        raise ValueError(f"check_lines: unknown mode {mode!r}")
+    return ["", "out, grad, passed, before = run(inputs)", *tails[mode]]
+
+
+def kind_snippet(
+    where: Importable,
+    *,
+    imports: list[str],
+    inputs: str,
+    definitions: list[str],
+    check: list[str],
+) -> str:
+    """Assemble a kind's snippet: how to run it (a comment), the function's import
+    (:func:`import_lines`), the kind's own ``imports``, the ``inputs`` literals (ending in
+    ``inputs = {...}``), the helpers, ``definitions`` (``run``, ``reference``) and the
+    ``check``'s lines."""
+    built = [ln for ln in inputs.rstrip().splitlines() if ln != "import torch"]
+    lines = [
+        f"# pytest-polgrad reproduction: {how_to_run(where)}",
+        *import_lines(where),
+        *imports,
+        "",
+        *built,
+        *_KIND_HELPERS,
+        *definitions,
+        *check,
+    ]
     return "\n".join(lines) + "\n"

@@ -24,8 +24,10 @@ from polgrad_reference import ALGORITHMS, Aggregation, aggregate, get_algorithm,
 from ..checks import CheckFailure
 from ..corpus import CORPUS_VERSION, canonical_corpus
 from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import batches
+from ..strategies._sample import mapped
 from ..target import Verdict, _pick_loss
 from . import Diagnosis, KindCheck
 from ._tokens import (
@@ -287,11 +289,12 @@ class AggregationKind:
 
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[TokenInputs]:
         o = ctx.options
-        return batches(
+        drawn = batches(
             max_batch=o.max_batch, max_length=o.max_length, dtype=ctx.tolerance.input_dtype,
             advantage_shape="token", with_ref_logprobs=False, with_rollout_logprobs=False,
             with_rewards=False, padding="nan" if o.padding_nan else "garbage",
-        ).map(lambda b: _inputs(b.as_kwargs()))  # fmt: skip
+        )  # fmt: skip
+        return mapped(drawn, lambda b: _inputs(b.as_kwargs()))
 
     def corpus(self, ctx: Any) -> dict[str, TokenInputs]:
         found = canonical_corpus(dtype=ctx.tolerance.input_dtype, advantages="token")
@@ -301,22 +304,7 @@ class AggregationKind:
         return _diagnose(ctx, self.corpus(ctx), inputs)
 
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
-        fn, ref = ctx.fn, ctx.ref
-        budget = f", budget={ref.budget}" if ref.budget else ""
-        return "\n".join([
-            "import torch",
-            f"from {fn.__module__} import {fn.__name__}",
-            "from polgrad_reference import aggregate, token_weights",
-            *[ln for ln in inputs.to_snippet().splitlines() if ln != "import torch"],
-            "x = x.clone().requires_grad_(True)",
-            f"out = {fn.__name__}({ctx.value_name}=x, {ctx.mask_name}=response_mask)",
-            "(grad,) = torch.autograd.grad(out, x)",
-            f"expected = aggregate(x.detach().double(), response_mask=response_mask, "
-            f"mode={ref.mode.value!r}{budget})",
-            f"w = token_weights(response_mask, {ref.mode.value!r}{budget})",
-            "print('function:', out.item(), ' reference:', expected.item())",
-            "print('largest |gradient - w|:', (grad.double() - w).abs().max().item())",
-        ]) + "\n"  # fmt: skip
+        return aggregation_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
@@ -388,6 +376,66 @@ def _diagnose(ctx: AggContext, corpus: Mapping[str, TokenInputs], failing: Any) 
         return Diagnosis(f"this function matches the reference {reference}", reference)
     return Diagnosis(f"this function matches {text} on the corpus (within tolerance); the "
                      f"reference is {reference}", text.split(" (")[0])  # fmt: skip
+
+
+# --------------------------------------------------------------------------- snippet
+
+
+def aggregation_snippet(ctx: AggContext, inputs: TokenInputs, check: KindCheck) -> str:
+    """Standalone Python: the function called as ``check`` called it, the reference
+    ``sum(w * x)`` and its gradient ``w`` in float64, and what the check compared."""
+    ref = ctx.ref
+    where = importable(ctx.fn, ctx.name)
+    definitions = [
+        "",
+        "",
+        f"MODE, BUDGET = {ref.mode.value!r}, {ref.budget!r}",
+        "",
+        "",
+        f"def run(inputs, grad={check.name != 'inputs-unchanged'}):",
+        '    """Call the function as the check did; its gradient w.r.t. the values."""',
+        "    x = inputs['x'].detach().clone().requires_grad_(True)",
+        f"    kw = {{{ctx.value_name!r}: x, {ctx.mask_name!r}: inputs['response_mask'].clone()}}",
+        "    before = {k: v.detach().clone() for k, v in kw.items()}",
+        f"    out = {where.attribute}(**kw)",
+        pick_line(ctx.options.loss, "loss"),
+        "    g = torch.autograd.grad(out, x)[0] if grad else None",
+        "    return out.detach(), g, kw, before",
+        "",
+        "",
+        "def reference(inputs, out):",
+        f'    """The float64 reference: {ref.describe()}, sum(w * x); its gradient is w."""',
+        "    mask = inputs['response_mask']",
+        "    x = torch.where(mask, inputs['x'].double(), 0.0)",
+        "    w = token_weights(mask, MODE, budget=BUDGET)",
+        "    return aggregate(x, response_mask=mask, mode=MODE, budget=BUDGET), w",
+    ]
+    fill = "float('nan')" if ctx.options.padding_nan else "-7.5"
+    if check.name == "padding-values":
+        other = [
+            f"other = {{**inputs, 'x': torch.where(inputs['response_mask'], inputs['x'], {fill})}}",
+        ]
+        lines = check_lines("same", other=other, what="other values at padding")
+    elif check.name == "padding-columns":
+        other = [
+            "extra = inputs['response_mask'].shape[1] + 3",
+            "rows = inputs['x'].shape[0]",
+            "other = {'x': torch.cat([inputs['x'], torch.full((rows, extra), -7.0, "
+            "dtype=inputs['x'].dtype)], 1),",
+            "         'response_mask': torch.cat([inputs['response_mask'], "
+            "torch.zeros(rows, extra, dtype=torch.bool)], 1)}",
+        ]
+        lines = check_lines("same", other=other, what="T + 3 padding columns appended")
+    else:
+        modes = {"masked-positions": "masked"}
+        lines = check_lines(modes.get(check.name, check.name))
+    return kind_snippet(
+        where,
+        imports=["from polgrad_reference import aggregate, token_weights"],
+        inputs=inputs.to_snippet(),
+        definitions=definitions,
+        check=lines,
+    )
 
 
 KIND = AggregationKind()

@@ -24,6 +24,7 @@ from polgrad_reference.entropy import token_entropy
 
 from ..checks import CheckFailure
 from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import LogitBatch, logit_batches
 from ..target import Verdict
@@ -462,19 +463,7 @@ class EntropyKind:
         return diagnose_entropy(ctx, inputs)
 
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
-        ref: EntropyReference = ctx.config
-        body: str = inputs.to_snippet()
-        budget = f", budget={ref.budget}" if ref.budget else ""
-        sign = "-" if ref.negate else ""
-        unit = " / math.log(2)" if ref.bits else ""
-        return (
-            body
-            + f"\n# the reference: {ref.describe()} (per-token: the same without aggregation)\n"
-            + "import math\nfrom polgrad_reference.entropy import entropy_bonus\n"
-            + f"expected = {sign}entropy_bonus(logits=logits.double(), "
-            + f"response_mask=response_mask, mode={ref.aggregation.value!r}{budget}){unit}\n"
-            + f"actual = {ctx.name}(**inputs)  # check {check.name!r}\n"
-        )
+        return entropy_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
@@ -497,6 +486,82 @@ class EntropyKind:
                 scales[f"{name}/entropy"] = EntryScale(value_scale)
             scales[f"{name}/grad"] = EntryScale(grad_scale)
         return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+
+
+# --------------------------------------------------------------------------- snippet
+
+
+def entropy_snippet(ctx: TokenContext, inputs: LogitBatch, check: KindCheck) -> str:
+    """Standalone Python: the function called as ``check`` called it, the exact entropy
+    of the softmax and its gradient in float64, and what the check compared."""
+    ref: EntropyReference = ctx.config
+    where = importable(ctx.fn, ctx.name)
+    grad = check.name in ("gradient", "inputs-unchanged", "deterministic")
+    takes = [n for n in INPUT_NAMES if n in ctx.takes]
+    budget = "mask.shape[1]" if ref.budget == 0 else repr(ref.budget)  # 0: the padded width
+    factor = ("-" if ref.negate else "") + "1.0" + (" / math.log(2)" if ref.bits else "")
+    definitions = [
+        "",
+        "",
+        "def run(inputs, grad=" + str(grad) + "):",
+        '    """Call the function as the check did; the gradient w.r.t. logits of the result',
+        '    (per-token results: of their sum over response positions)."""',
+        "    mask = inputs['response_mask']",
+        f"    kw = {{n: inputs[n].detach().clone() for n in {takes!r}}}",
+        "    if grad:",
+        "        kw['logits'].requires_grad_(True)",
+        "    before = {k: v.detach().clone() for k, v in kw.items()}",
+        f"    out = {where.attribute}(**kw)",
+        pick_line(ctx.options.loss, "entropy"),
+        "    if out.numel() == 1 and out.dim() <= 1:",
+        "        out = out.reshape(())",
+        "    g = None",
+        "    if grad:",
+        "        total = out.sum() if out.dim() == 0 else torch.where(mask, out, 0.0).sum()",
+        "        (g,) = torch.autograd.grad(total, kw['logits'])",
+        "    return out.detach(), g, kw, before",
+        "",
+        "",
+        "def reference(inputs, out):",
+        f'    """The float64 reference: {ref.describe()} (per token when out is [B, T])."""',
+        "    mask = inputs['response_mask']",
+        "    z = inputs['logits'].double().clone().requires_grad_(True)",
+        f"    h = token_entropy(logits=z, response_mask=mask) * ({factor})",
+        f"    w = token_weights(mask, {ref.aggregation.value!r}, budget={budget})",
+        "    result = (h * w).sum() if out.dim() == 0 else h",
+        "    return result.detach(), torch.autograd.grad(result.sum(), z)[0]",
+    ]
+    if check.name == "padding-values":
+        other = [
+            "g = torch.Generator().manual_seed(5)",
+            "z = inputs['logits']",
+            "junk = ((torch.rand(z.shape, generator=g, dtype=torch.float64) * 2 - 1) * 3e3)",
+            "other = {**inputs, 'logits': torch.where(inputs['response_mask'][:, :, None], z, "
+            "junk.to(z.dtype))}",
+        ]
+        lines = check_lines("same", other=other, grads=False, what="other logits at padding")
+    elif check.name == "padding-columns":
+        other = [
+            "other = {'logits': torch.nn.functional.pad(inputs['logits'], (0, 0, 0, 3), "
+            "value=4.0),",
+            "         'response_mask': torch.nn.functional.pad(inputs['response_mask'], (0, 3), "
+            "value=False)}",
+        ]
+        lines = check_lines("same", other=other, grads=False, what="3 more padding columns")
+    else:
+        lines = check_lines("value" if check.name == "large-logits" else check.name)
+    return kind_snippet(
+        where,
+        imports=[
+            "import math",
+            "",
+            "from polgrad_reference import token_weights",
+            "from polgrad_reference.entropy import token_entropy",
+        ],
+        inputs=inputs.to_snippet(),
+        definitions=definitions,
+        check=lines,
+    )
 
 
 KIND = EntropyKind()

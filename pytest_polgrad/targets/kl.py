@@ -37,8 +37,10 @@ from polgrad_reference.kl import k_values, ratio_weighted
 from ..checks import CheckFailure
 from ..corpus import CORPUS_VERSION, canonical_corpus
 from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import batches
+from ..strategies._sample import mapped
 from ..target import Verdict, _pick_loss
 from . import Diagnosis, KindCheck
 from ._tokens import (
@@ -368,11 +370,12 @@ class KLKind:
 
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[TokenInputs]:
         o = ctx.options
-        return batches(
+        drawn = batches(
             max_batch=o.max_batch, max_length=o.max_length, dtype=ctx.tolerance.input_dtype,
             with_ref_logprobs=True, with_rollout_logprobs=False, with_rewards=False,
             padding="nan" if o.padding_nan else "garbage",
-        ).map(lambda b: _inputs(b.as_kwargs()))  # fmt: skip
+        )  # fmt: skip
+        return mapped(drawn, lambda b: _inputs(b.as_kwargs()))
 
     def corpus(self, ctx: Any) -> dict[str, TokenInputs]:
         found = canonical_corpus(dtype=ctx.tolerance.input_dtype)
@@ -392,22 +395,7 @@ class KLKind:
         return _diagnose(ctx, self.corpus(ctx), inputs)
 
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
-        fn, ref = ctx.fn, ctx.ref
-        args = ", ".join(f"{p}={c}" for c, p in ctx.names.items())
-        clamp = f".clamp({-ref.clamp}, {ref.clamp})" if ref.clamp else ""
-        return "\n".join([
-            "import torch",
-            f"from {fn.__module__} import {fn.__name__}",
-            "from polgrad_reference import kl_estimate",
-            *[ln for ln in inputs.to_snippet().splitlines() if ln != "import torch"],
-            "logprobs = logprobs.clone().requires_grad_(True)",
-            f"out = {fn.__name__}({args})",
-            f"expected = kl_estimate({ref.kl.estimator.value!r}, logprobs=logprobs.double(),",
-            f"                       ref_logprobs=ref_logprobs.double(), "
-            f"response_mask=response_mask){clamp}",
-            "print('function:', out.detach())",
-            "print('reference:', expected.detach())",
-        ]) + "\n"  # fmt: skip
+        return kl_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
@@ -520,6 +508,103 @@ def _diagnose(ctx: KLContext, corpus: Mapping[str, TokenInputs], failing: Any) -
             "(docs/kl.md); k2 or 'k3+' give the reverse-KL score-function gradient"
         )
     return Diagnosis(body, text)
+
+
+# --------------------------------------------------------------------------- snippet
+
+
+def _formula_lines(ref: KLRef) -> list[str]:
+    """``k = ...``: the reference per-token penalty from ``lr`` (see :func:`_ref_formula`)."""
+    est, clamp = ref.kl.estimator, ref.clamp
+    if clamp is None:
+        return [f"    k = k_values(KLEstimator({est.value!r}), lr)"]
+    if est.straight_through and est.base is not KLEstimator.K2:
+        return [
+            f"    value = k_values(KLEstimator({est.base.value!r}), lr).clamp({-clamp!r}, "
+            f"{clamp!r})",
+            "    k2 = 0.5 * (lr * lr)  # the clamp bounds the value; the gradient stays k2's",
+            "    k = k2 - k2.detach() + value.detach()",
+        ]
+    return [f"    k = k_values(KLEstimator({est.value!r}), lr).clamp({-clamp!r}, {clamp!r})"]
+
+
+def kl_snippet(ctx: KLContext, inputs: TokenInputs, check: KindCheck) -> str:
+    """Standalone Python: the function called as ``check`` called it, the reference
+    estimator in float64, and what the check compared."""
+    ref = ctx.ref
+    where = importable(ctx.fn, ctx.name)
+    grad = {"value": False, "gradient": True, "inputs-unchanged": False}.get(
+        check.name, _applies_gradient(ref)
+    )
+    ratio = []
+    if ref.kl.ratio_weight is not KLRatioWeight.NONE:
+        ratio = [
+            "    ratio = torch.exp(torch.where(mask, lp - x['old_logprobs'], 0.0))",
+            f"    k = ratio_weighted(k, ratio, KLRatioWeight({ref.kl.ratio_weight.value!r}), "
+            f"{ref.kl.ratio_cap!r})",
+        ]
+    definitions = [
+        "",
+        "",
+        f"PARAMS = {dict(ctx.names)!r}  # input -> the function's parameter",
+        f"MODE, BUDGET = {ref.mode.value!r}, {ref.budget!r}  # a scalar result's aggregation",
+        "",
+        "",
+        f"def run(inputs, grad={grad}):",
+        '    """Call the function as the check did; its gradient: of the result (a scalar) or',
+        '    of the per-token penalty summed with the aggregation weights."""',
+        "    mask = inputs['response_mask']",
+        "    lp = inputs['logprobs'].detach().clone().requires_grad_(grad)",
+        "    kw = {param: lp if name == 'logprobs' else inputs[name].detach().clone()",
+        "          for name, param in PARAMS.items()}",
+        "    before = {k: v.detach().clone() for k, v in kw.items()}",
+        f"    out = {where.attribute}(**kw)",
+        pick_line(ctx.options.loss, "loss"),
+        "    if tuple(out.shape) != tuple(mask.shape):",
+        "        out = out.reshape(())",
+        "    g = None",
+        "    if grad:",
+        "        v = token_weights(mask, MODE, budget=BUDGET).to(out.dtype)",
+        "        target = out if out.dim() == 0 else (torch.where(mask, out, 0.0) * v).sum()",
+        "        (g,) = torch.autograd.grad(target, lp)",
+        "        g = g.double()",
+        "    return out.detach(), g, kw, before",
+        "",
+        "",
+        "def reference(inputs, out):",
+        f'    """The float64 reference: {ref.describe()}; aggregated like a scalar result."""',
+        "    mask = inputs['response_mask']",
+        "    x = {k: torch.where(mask, t.double(), 0.0) for k, t in inputs.items()",
+        "         if k != 'response_mask'}",
+        "    lp = x['logprobs'].clone().requires_grad_(True)",
+        "    lr = torch.where(mask, x['ref_logprobs'] - lp, 0.0)",
+        *_formula_lines(ref),
+        *ratio,
+        "    k = torch.where(mask, k, 0.0)",
+        "    w = token_weights(mask, MODE, budget=BUDGET)",
+        "    (g,) = torch.autograd.grad((k * w).sum(), lp)",
+        "    return ((k.detach() * w).sum() if out.dim() == 0 else k.detach()), g",
+    ]
+    fill = "float('nan')" if ctx.options.padding_nan else "-9.25"
+    modes = {"value": "value", "gradient": "gradient", "masked-positions": "masked"}
+    if check.name == "padding-values":
+        other = [
+            "other = {k: torch.where(inputs['response_mask'], t, torch.full_like(t, "
+            f"{fill})) if t.is_floating_point() else t for k, t in inputs.items()}}",
+        ]
+        lines = check_lines("same", other=other, grads=grad, what="other values at padding")
+    else:
+        lines = check_lines(modes.get(check.name, check.name))
+    return kind_snippet(
+        where,
+        imports=[
+            "from polgrad_reference import token_weights",
+            "from polgrad_reference.kl import KLEstimator, KLRatioWeight, k_values, ratio_weighted",
+        ],
+        inputs=inputs.to_snippet(),
+        definitions=definitions,
+        check=lines,
+    )
 
 
 KIND = KLKind()

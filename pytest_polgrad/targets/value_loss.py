@@ -24,6 +24,7 @@ from polgrad_reference.value import value_loss_per_token
 
 from ..checks import CheckFailure
 from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import ValueBatch, left_to_right, right_to_left, row_extents, value_batches
 from ..target import Verdict
@@ -475,19 +476,7 @@ class ValueLossKind:
         return diagnose_value_loss(ctx, inputs)
 
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
-        ref: ValueLossReference = ctx.config
-        body: str = inputs.to_snippet()
-        budget = f", budget={ref.budget}" if ref.budget else ""
-        scale = "" if ref.half else "2 * "
-        return (
-            body
-            + f"\n# the reference: {ref.describe()}\n"
-            + "from polgrad_reference import clipped_value_loss\n"
-            + f"expected = {scale}clipped_value_loss(**{{k: v.double() if v.is_floating_point() "
-            + f"else v for k, v in inputs.items()}}, clip_range={ref.clip_range!r}, "
-            + f"mode={ref.aggregation.value!r}{budget})\n"
-            + f"actual = {ctx.name}(**inputs)  # check {check.name!r}\n"
-        )
+        return value_loss_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
@@ -510,6 +499,88 @@ class ValueLossKind:
                 torch.maximum(grad_scale, g.to(torch.float64).abs() + float(g.abs().max()))
             )
         return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+
+
+# --------------------------------------------------------------------------- snippet
+
+
+def value_loss_snippet(ctx: TokenContext, inputs: ValueBatch, check: KindCheck) -> str:
+    """Standalone Python: the function called as ``check`` called it, the reference
+    value loss and its gradient w.r.t. ``values`` in float64, and what the check compared."""
+    ref: ValueLossReference = ctx.config
+    where = importable(ctx.fn, ctx.name)
+    left = ctx.options.layout == "left"
+    grad = check.name in ("gradient", "inputs-unchanged", "deterministic")
+    takes = [n for n in INPUT_NAMES if n in ctx.takes]
+    budget = "mask.shape[1]" if ref.budget == 0 else repr(ref.budget)  # 0: the padded width
+    convert = [
+        "    extents = row_extents(mask)  # the function takes left-padded tensors",
+        "    kw = {n: right_to_left(t, extents) for n, t in kw.items()}",
+    ]
+    definitions = [
+        "",
+        "",
+        "def run(inputs, grad=" + str(grad) + "):",
+        '    """Call the function as the check did; its gradient w.r.t. values."""',
+        "    mask = inputs['response_mask']",
+        f"    kw = {{n: inputs[n].detach().clone() for n in {takes!r}}}",
+        *(convert if left else []),
+        "    if grad:",
+        "        kw['values'].requires_grad_(True)",
+        "    before = {k: v.detach().clone() for k, v in kw.items()}",
+        f"    out = {where.attribute}(**kw)",
+        pick_line(ctx.options.loss, "loss"),
+        "    g = torch.autograd.grad(out, kw['values'])[0] if grad else None",
+        *(["    g = left_to_right(g, extents) if grad else None"] if left else []),
+        "    return out.detach(), g, kw, before",
+        "",
+        "",
+        "def reference(inputs, out):",
+        f'    """The float64 reference: {ref.describe()}."""',
+        "    t = {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}",
+        "    mask = t['response_mask']",
+        "    values = t['values'].clone().requires_grad_(True)",
+        "    per_token = value_loss_per_token(values=values, old_values=t['old_values'],",
+        "                                     returns=t['returns'], response_mask=mask,",
+        f"                                     clip_range={ref.clip_range!r})",
+        f"    w = token_weights(mask, {ref.aggregation.value!r}, budget={budget})",
+        "    loss = (torch.where(mask, per_token, 0.0) * w).sum()"
+        + ("" if ref.half else " * 2.0  # without the 1/2"),
+        "    return loss.detach(), torch.autograd.grad(loss, values)[0]",
+    ]
+    if check.name == "padding-values":
+        other = [
+            "g = torch.Generator().manual_seed(11)",
+            "other = dict(inputs)",
+            "for name, t in inputs.items():",
+            "    if t.is_floating_point():",
+            "        junk = (torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1) * 5e3",
+            "        other[name] = torch.where(inputs['response_mask'], t, junk.to(t.dtype))",
+        ]
+        lines = check_lines("same", other=other, grads=False, what="other values at padding")
+    elif check.name == "padding-columns":
+        other = [
+            "other = {n: torch.nn.functional.pad(t, (0, 3), value=False if t.dtype == "
+            "torch.bool else 9.0)",
+            "         for n, t in inputs.items()}",
+        ]
+        lines = check_lines("same", other=other, grads=False, what="3 more padding columns")
+    else:
+        lines = check_lines("value" if check.name == "extreme-values" else check.name)
+    imports = [
+        "from polgrad_reference import token_weights",
+        "from polgrad_reference.value import value_loss_per_token",
+    ]
+    if left:
+        imports.append("from pytest_polgrad.strategies import left_to_right, right_to_left, "
+                       "row_extents")  # fmt: skip
+    return kind_snippet(
+        where,
+        imports=imports,
+        inputs=inputs.to_snippet(),
+        definitions=definitions,
+        check=lines,
+    )
 
 
 KIND = ValueLossKind()
