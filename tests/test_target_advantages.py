@@ -14,6 +14,7 @@ import torch
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError, ConformanceReport
 from pytest_polgrad.options import MarkerError
+from tests import inline_run
 
 BUDGET = 12
 
@@ -426,10 +427,10 @@ def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pyt
 
     pytester.makepyfile(test_adv=MARKED)
     args = ("-p", "no:cacheprovider", "--polgrad-max-examples=8", "-p", "no:randomly")
-    first = pytester.runpytest_subprocess(*args, "--snapshot-update", "-k", "good")
+    first = inline_run.run(pytester, *args, "--snapshot-update", "-k", "good")
     first.assert_outcomes(passed=11)  # 10 checks + golden (recorded)
     report = pytester.path / "report.json"
-    result = pytester.runpytest_subprocess(*args, f"--polgrad-report={report}")
+    result = inline_run.run(pytester, *args, f"--polgrad-report={report}")
     result.assert_outcomes(passed=11, failed=1)
     assert "population std" in result.stdout.str()  # the diagnosis in the failure report
     rows = json.loads(report.read_text())
@@ -444,6 +445,6 @@ def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pyt
             1,
         )
     )
-    changed = pytester.runpytest_subprocess(*args, "-k", "good and golden")
+    changed = inline_run.run(pytester, *args, "-k", "good and golden")
     changed.assert_outcomes(failed=1)
     assert "does not match" in changed.stdout.str()

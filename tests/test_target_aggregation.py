@@ -9,6 +9,7 @@ import torch
 from pytest_polgrad.engine import CheckResult, build_context, run_check
 from pytest_polgrad.options import ConformanceOptions, MarkerError
 from pytest_polgrad.targets import get_kind
+from tests import inline_run
 
 CHECKS = ("value", "gradient", "masked-positions", "padding-values", "padding-columns",
           "inputs-unchanged", "deterministic")  # fmt: skip
@@ -168,8 +169,8 @@ def by_padded_width(x, response_mask):
 def test_marker_generates_aggregation_items_and_goldens(pytester) -> None:
     pytester.makepyfile(test_agg=MARKED)
     args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10")
-    pytester.runpytest_subprocess(*args, "--snapshot-update")
-    result = pytester.runpytest_subprocess(*args, "-rA")
+    inline_run.run(pytester, *args, "--snapshot-update")
+    result = inline_run.run(pytester, *args, "-rA")
     out = result.stdout.str()
     for check in (*CHECKS, "golden"):
         assert f"PASSED test_agg.py::agg_loss[dapo-{check}]" in out, out

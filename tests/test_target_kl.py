@@ -9,6 +9,7 @@ import torch
 from pytest_polgrad.engine import CheckResult, build_context, run_check
 from pytest_polgrad.options import ConformanceOptions, MarkerError
 from pytest_polgrad.targets import get_kind
+from tests import inline_run
 
 
 def _run(fn, check: str, reference: str, examples: int = 15, **options) -> CheckResult:
@@ -156,8 +157,8 @@ def flipped(logprobs, ref_logprobs, response_mask):
 def test_marker_generates_kl_items_and_goldens(pytester) -> None:
     pytester.makepyfile(test_kl=MARKED)
     args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10")
-    pytester.runpytest_subprocess(*args, "--snapshot-update")
-    result = pytester.runpytest_subprocess(*args, "-rA")
+    inline_run.run(pytester, *args, "--snapshot-update")
+    result = inline_run.run(pytester, *args, "-rA")
     out = result.stdout.str()
     checks = ("value", "gradient", "masked-positions", "padding-values", "inputs-unchanged",
               "deterministic", "golden")  # fmt: skip

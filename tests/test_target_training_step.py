@@ -16,6 +16,7 @@ from pytest_polgrad.strategies import Split
 from pytest_polgrad.target import Verdict
 from pytest_polgrad.targets import get_kind
 from pytest_polgrad.targets.training_step import accumulate
+from tests import inline_run
 
 SPLIT_CHECKS = ("full-batch", "micro-batches", "data-parallel", "generation-steps")
 
@@ -264,8 +265,8 @@ def mean_of_means(logprobs, old_logprobs, advantages, response_mask, gradient_ac
 def test_marker_generates_training_step_items_goldens_and_reports(pytester) -> None:
     pytester.makepyfile(test_steps=MARKED_STEPS)
     args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10")
-    pytester.runpytest_subprocess(*args, "--snapshot-update")
-    result = pytester.runpytest_subprocess(*args, "-rA")
+    inline_run.run(pytester, *args, "--snapshot-update")
+    result = inline_run.run(pytester, *args, "-rA")
     out = result.stdout.str()
     every = (*SPLIT_CHECKS, "masked-positions", "padding-values", "inputs-unchanged",
              "deterministic", "golden")  # fmt: skip

@@ -13,6 +13,7 @@ import torch
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError, ConformanceReport
 from pytest_polgrad.options import MarkerError
+from tests import inline_run
 
 BUDGET = 12
 T = torch.Tensor
@@ -255,11 +256,9 @@ def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pyt
 
     pytester.makepyfile(test_vf=MARKED)
     args = ("-p", "no:cacheprovider", "--polgrad-max-examples=8", "-p", "no:randomly")
-    pytester.runpytest_subprocess(*args, "--snapshot-update", "-k", "good").assert_outcomes(
-        passed=8
-    )
+    inline_run.run(pytester, *args, "--snapshot-update", "-k", "good").assert_outcomes(passed=8)
     report = pytester.path / "report.json"
-    result = pytester.runpytest_subprocess(*args, f"--polgrad-report={report}")
+    result = inline_run.run(pytester, *args, f"--polgrad-report={report}")
     result.assert_outcomes(passed=8, failed=1)
     assert "x 1 (no 1/2)" in result.stdout.str()
     rows = json.loads(report.read_text())
