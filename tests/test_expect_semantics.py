@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pytest_polgrad import ConformanceError, assert_conforms
+from tests import inline_run
 
 pytest_plugins = ["pytester"]
 
@@ -139,8 +140,8 @@ def test_through_the_marker(pytester: pytest.Pytester, monkeypatch: pytest.Monke
     report = pytester.path / "r.json"
     args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=5", "-rx")
     monkeypatch.delenv("GROWN", raising=False)
-    result = pytester.runpytest_subprocess(
-        *args, "test_declared.py", f"--polgrad-report={report}", "--snapshot-update"
+    result = inline_run.run(
+        pytester, *args, "test_declared.py", f"--polgrad-report={report}", "--snapshot-update"
     )
     status = {r["nodeid"].split("::")[1]: r["status"] for r in json.loads(report.read_text())}
     assert status == {
@@ -161,6 +162,6 @@ def test_through_the_marker(pytester: pytest.Pytester, monkeypatch: pytest.Monke
     assert "pin its size with expect={'value': ('clip-high 0.2 instead of 0.28'," in text
     # A bare reason is pinned by the golden: the deviation grows, the golden fails.
     monkeypatch.setenv("GROWN", "1")
-    result = pytester.runpytest_subprocess(*args, "test_declared.py", "-k", "golden_pins")
+    result = inline_run.run(pytester, *args, "test_declared.py", "-k", "golden_pins")
     result.assert_outcomes(failed=1, xfailed=1)
     assert "golden snapshot of golden_pins (reference dapo) does not match" in result.stdout.str()

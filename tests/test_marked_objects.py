@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from tests import inline_run
+
 pytest_plugins = ["pytester"]
 
 ARGS = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=5")
@@ -77,7 +79,7 @@ def per_param(logprobs, old_logprobs, advantages, response_mask, hi):
 
 def _report(pytester: pytest.Pytester, *extra: str) -> tuple[dict[str, str], str]:
     report = pytester.path / "r.json"
-    result = pytester.runpytest_subprocess(*ARGS, f"--polgrad-report={report}", *extra)
+    result = inline_run.run(pytester, *ARGS, f"--polgrad-report={report}", *extra)
     data = json.loads(report.read_text())
     return {r["nodeid"].split("::", 1)[1]: r["status"] for r in data}, result.stdout.str()
 
@@ -111,7 +113,7 @@ def test_a_marked_class_is_a_collection_error(pytester: pytest.Pytester) -> None
         "    def __call__(self, logprobs, old_logprobs, advantages, response_mask):\n"
         "        return logprobs.sum()\n"
     )
-    result = pytester.runpytest_subprocess(*ARGS)
+    result = inline_run.run(pytester, *ARGS)
     assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error: never green
     result.stdout.fnmatch_lines(["*Loss: invalid @pytest.mark.polgrad_conforms: marks the class*"])
     assert "mark a def that calls it" in result.stdout.str()
@@ -184,7 +186,7 @@ def test_device_unavailable_is_a_clean_failure_and_skipif_applies(
         "def where_cuda(logprobs, old_logprobs, advantages, response_mask):\n"
         "    return (logprobs * response_mask).sum()\n"
     )
-    result = pytester.runpytest_subprocess(*ARGS)
+    result = inline_run.run(pytester, *ARGS)
     result.assert_outcomes(failed=2, skipped=2)
     text = result.stdout.str()
     assert text.count("device='cuda': CUDA is not available") >= 2
