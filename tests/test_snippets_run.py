@@ -6,10 +6,13 @@ made by a factory and collected under another name, and for one that cannot be i
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import re
 import subprocess
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import torch
 
 from pytest_polgrad.engine import build_context, run_check
 from pytest_polgrad.options import parse_marker
+from tests import inline_run
 from tests import sample_losses as L
 
 pytest_plugins = ["pytester"]
@@ -103,10 +107,76 @@ print(json.dumps(out))
 """
 
 
+def _script_report(tmp: Path) -> str:
+    """What :data:`SCRIPT` prints, run as a script (``__main__``) from ``tmp``."""
+    import contextlib
+    import io
+    import runpy
+
+    script = tmp / "check_my_loss.py"
+    script.write_text(SCRIPT)
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp)
+        runpy.run_path(str(script), run_name="__main__")
+    return buffer.getvalue()
+
+
+@dataclasses.dataclass(frozen=True)
+class Made:
+    """A report made in this process, and how its snippet is run."""
+
+    report: str = ""
+    code: str = ""
+    """The snippet as run (a pasted definition in place)."""
+    cwd: str = ""
+    error: str = ""
+    """Why the report or its snippet could not be made (the case's test fails with it)."""
+
+
+def _made_here(tmp: Path) -> dict[str, Made]:
+    """The snippets the tests below take from reports made in this process, each built on
+    its own: an error fails that case's test only."""
+
+    def parametrized() -> str:
+        bound = functools.partial(dapo_with_clip_high, clip_high=0.2)
+        ctx = build_context(bound, parse_marker(("dapo",), {}), name="dapo_with_clip_high[0.2]")
+        result = run_check(ctx, "value", max_examples=40, base_seed=0, replay="pytest x")
+        assert not result.passed
+        return result.report
+
+    makers: dict[str, Callable[[], str]] = {
+        "aliased": lambda: _failing(_dapo_log_probs, "dapo", "value"),
+        "factory": lambda: _failing(factory_made, "dapo", "value"),
+        "parametrized": parametrized,
+        "script": lambda: _script_report(tmp),
+    }
+    out: dict[str, Made] = {}
+    for case, make in makers.items():
+        try:
+            report = make()
+            instruction, code = _snippet(report)
+            if case == "script":  # the reader pastes the definition where marked
+                marker = "# paste its definition (and what it uses) here, named wrong."
+                definition = SCRIPT.split("\n\n\ntry:")[0].split("\n\n\n", 1)[1]
+                out[case] = Made(report, code.replace(marker, definition), str(tmp))
+            else:
+                out[case] = Made(report, code, _run_from(instruction))
+        except BaseException:
+            out[case] = Made(error=traceback.format_exc())
+    return out
+
+
 @pytest.fixture(scope="module")
-def reproduced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Every case's snippet, each saved as its own file outside the directory it runs
-    from, run in one fresh interpreter (one torch import instead of one per case)."""
+def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Made]:
+    return _made_here(tmp_path_factory.mktemp("script"))
+
+
+@pytest.fixture(scope="module")
+def reproduced(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Made]) -> dict[str, str]:
+    """Every case's snippet, and those of :func:`_made_here`, each saved as its own file
+    outside the directory it runs from, run in one fresh interpreter (one torch import
+    instead of one per case)."""
     tmp = tmp_path_factory.mktemp("snippets")
     jobs = []
     for case, (check, reference, wrong, options, _) in zip(IDS, CASES, strict=True):
@@ -114,6 +184,11 @@ def reproduced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         path = tmp / f"{case}.py"
         path.write_text(code)
         jobs.append((case, str(path), _run_from(instruction)))
+    for case, one in made.items():
+        if not one.error:
+            path = tmp / f"{case}.py"
+            path.write_text(one.code)
+            jobs.append((case, str(path), one.cwd))
     out = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps(jobs)],
         capture_output=True,
@@ -124,6 +199,20 @@ def reproduced(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert out.returncode == 0, out.stderr
     results: dict[str, str] = json.loads(out.stdout)
     return results
+
+
+def _made(made: dict[str, Made], case: str) -> tuple[str, str]:
+    """``(instruction, code)`` of the snippet in the report made for ``case``."""
+    one = made[case]
+    if one.error:
+        pytest.fail(one.error, pytrace=False)
+    return _snippet(one.report)
+
+
+def _ran(reproduced: dict[str, str], case: str) -> str:
+    stdout = reproduced[case]
+    assert not stdout.startswith("FAILED"), stdout
+    return stdout
 
 
 @pytest.mark.parametrize(("check", "reference", "wrong", "options", "shown"), CASES, ids=IDS)
@@ -155,10 +244,12 @@ def test_the_micro_batch_snippet_micro_batches() -> None:
     assert "for b in range(rows):" in code and "run({k: v[b : b + 1]" in code
 
 
-def test_aliased_parameter_names_reach_the_snippet(tmp_path: Path) -> None:
-    instruction, code = _snippet(_failing(_dapo_log_probs, "dapo", "value"))
+def test_aliased_parameter_names_reach_the_snippet(
+    made: dict[str, Made], reproduced: dict[str, str]
+) -> None:
+    _, code = _made(made, "aliased")
     assert "'logprobs': 'log_probs'" in code and "'response_mask': 'action_mask'" in code
-    assert "function:" in _execute(code, tmp_path, _run_from(instruction))
+    assert "function:" in _ran(reproduced, "aliased")
 
 
 def _dapo_log_probs(
@@ -187,10 +278,12 @@ factory_made = _make(0.2)
 """Collected as ``factory_made``; its ``__name__`` is ``inner``."""
 
 
-def test_a_factory_made_function_is_imported_under_its_module_name(tmp_path: Path) -> None:
-    instruction, code = _snippet(_failing(factory_made, "dapo", "value"))
+def test_a_factory_made_function_is_imported_under_its_module_name(
+    made: dict[str, Made], reproduced: dict[str, str]
+) -> None:
+    _, code = _made(made, "factory")
     assert "from tests.test_snippets_run import factory_made" in code
-    assert "function:" in _execute(code, tmp_path, _run_from(instruction))
+    assert "function:" in _ran(reproduced, "factory")
 
 
 def test_an_unimportable_function_gets_a_paste_instruction() -> None:
@@ -224,8 +317,8 @@ def test_a_snippet_for_a_function_under_tests_runs_from_the_named_directory(
     the root, on sys.path)."""
     tests = pytester.mkdir("tests")
     (tests / "test_conformance.py").write_text(PROJECT_LOSS)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
+    result = inline_run.run(
+        pytester, "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
     )
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
@@ -259,8 +352,8 @@ def test_a_snippet_importing_the_projects_own_package_runs_when_saved_elsewhere(
         "    return _impl(logprobs, old_logprobs, advantages, response_mask)\n"
     )
     pytester.makeini("[pytest]\npythonpath = .\n")
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
+    result = inline_run.run(
+        pytester, "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
     )
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
@@ -288,21 +381,17 @@ except ConformanceError as exc:
 """
 
 
-def test_an_assert_conforms_snippet_from_a_script_says_how_to_paste(tmp_path: Path) -> None:
-    """Issue 14: snippets of functions defined in a script imported ``from __main__``."""
-    script = tmp_path / "check_my_loss.py"
-    script.write_text(SCRIPT)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    instruction, code = _snippet(out.stdout)
+def test_an_assert_conforms_snippet_from_a_script_says_how_to_paste(
+    made: dict[str, Made], reproduced: dict[str, str]
+) -> None:
+    """Issue 14: snippets of functions defined in a script imported ``from __main__`` (the
+    script is run as ``__main__`` with ``runpy``, as ``python check_my_loss.py`` runs it;
+    the snippet, its definition pasted, runs in a fresh interpreter)."""
+    instruction, code = _made(made, "script")
     assert instruction == "paste the definition of wrong where marked, then run it"
     assert "from __main__" not in code
-    marker = "# paste its definition (and what it uses) here, named wrong."
-    definition = SCRIPT.split("\n\n\ntry:")[0].split("\n\n\n", 1)[1]
-    stdout = _execute(code.replace(marker, definition), tmp_path, str(tmp_path))
-    printed = stdout.split()
+    assert "# paste its definition (and what it uses) here, named wrong." in code
+    printed = _ran(reproduced, "script").split()
     assert printed[0] == "function:" and float(printed[1]) != pytest.approx(float(printed[3]))
 
 
@@ -317,20 +406,16 @@ def dapo_with_clip_high(
     return L._token_mean(per, response_mask)
 
 
-def test_a_parametrized_function_is_imported_and_rebound(tmp_path: Path) -> None:
+def test_a_parametrized_function_is_imported_and_rebound(
+    made: dict[str, Made], reproduced: dict[str, str]
+) -> None:
     """A ``@pytest.mark.parametrize`` item reaches the engine as a ``functools.partial``
     named ``fn[params]``: the snippet imports ``fn`` and binds the same parameters."""
-    import functools
-
-    bound = functools.partial(dapo_with_clip_high, clip_high=0.2)
-    ctx = build_context(bound, parse_marker(("dapo",), {}), name="dapo_with_clip_high[0.2]")
-    result = run_check(ctx, "value", max_examples=40, base_seed=0, replay="pytest x")
-    assert not result.passed
-    assert result.report.startswith("dapo_with_clip_high[0.2] does not conform")
-    instruction, code = _snippet(result.report)
+    assert made["parametrized"].report.startswith("dapo_with_clip_high[0.2] does not conform")
+    _, code = _made(made, "parametrized")
     assert "from tests.test_snippets_run import dapo_with_clip_high" in code
     assert "functools.partial(dapo_with_clip_high, clip_high=0.2)" in code
-    printed = _execute(code, tmp_path, _run_from(instruction)).split()
+    printed = _ran(reproduced, "parametrized").split()
     assert float(printed[1]) != pytest.approx(float(printed[3]), rel=1e-6)
 
 
