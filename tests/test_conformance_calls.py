@@ -157,51 +157,74 @@ def test_kl_term_follows_the_signature() -> None:
     assert not _run(_grpo_ignoring_ref, "grpo").passed
 
 
+SNIPPETS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    # case: (wrong loss, reference, check, options)
+    "right": ("dapo_wrong_eps", "dapo", "value", {"layout": "right"}),
+    "left": ("dapo_wrong_eps", "dapo", "value", {"layout": "left"}),
+    "packed": ("dapo_wrong_eps", "dapo", "value", {"layout": "packed"}),
+    "gradient": ("cispo_no_stop_gradient", "cispo", "gradient", {"eps_high": 2.0}),
+    "inputs-unchanged": ("dapo_inplace", "dapo", "inputs-unchanged", {}),
+}
+
+
+@pytest.fixture(scope="module")
+def snippets_ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``{case: (report, stdout)}``: each case's failing report, and what its reproduce
+    snippet printed, run from the repository root; every snippet runs in one fresh
+    interpreter (tests/snippet_driver.py). A report that could not be made is the
+    failure of its case only (``(None, traceback)``)."""
+    import traceback
+    from pathlib import Path
+
+    from tests import sample_losses
+    from tests.snippet_driver import run_snippets
+
+    root = str(Path(__file__).parents[1])
+    made: dict[str, Any] = {}
+    jobs = []
+    for case, (name, reference, check, options) in SNIPPETS.items():
+        try:
+            result = _run(getattr(sample_losses, name), reference, check, **options)
+            assert not result.passed, f"{name} passed {check}"
+            text = result.report.split("reproduce (standalone; ")[1].split(":\n", 1)[1]
+            code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
+        except Exception:
+            made[case] = (None, traceback.format_exc())
+            continue
+        made[case] = (result.report, code)
+        jobs.append((case, code, root))
+    stdout = run_snippets(jobs, tmp_path_factory.mktemp("conformance_snippets"))
+    return {case: (r, stdout[case] if r is not None else c) for case, (r, c) in made.items()}
+
+
+def _snippet_output(snippets_ran: dict[str, Any], case: str) -> str:
+    report, stdout = snippets_ran[case]
+    if report is None:
+        pytest.fail(stdout, pytrace=False)
+    assert not stdout.startswith("FAILED"), stdout
+    return str(stdout)
+
+
 @pytest.mark.parametrize("layout", ["right", "left", "packed"])
-def test_the_report_snippet_runs_standalone(layout: str, tmp_path: Any) -> None:
+def test_the_report_snippet_runs_standalone(layout: str, snippets_ran: dict[str, Any]) -> None:
     """The reproduce snippet rebuilds the shrunk batch, calls the function and the
     reference, and prints both numbers (run in a fresh interpreter)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.sample_losses import dapo_wrong_eps
-
-    result = _run(dapo_wrong_eps, layout=layout)
-    assert not result.passed
-    text = result.report.split("reproduce (standalone; ")[1].split(":\n", 1)[1]
-    code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
-    root = Path(__file__).parents[1]
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=root, check=False
-    )
-    assert out.returncode == 0, out.stderr + code
-    printed = out.stdout.split()
+    out = _snippet_output(snippets_ran, layout)
+    printed = out.split()
     fn_value, ref_value = float(printed[1]), float(printed[3])
     assert fn_value != pytest.approx(ref_value, rel=1e-6)  # the snippet reproduces the finding
-    assert "largest gradient difference at a response position" in out.stdout
+    assert "largest gradient difference at a response position" in out
 
 
-def test_snippet_shows_what_the_check_compared() -> None:
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.sample_losses import cispo_no_stop_gradient, dapo_inplace
-
-    root = Path(__file__).parents[1]
-    for fn, reference, check, shown in (
-        (cispo_no_stop_gradient, "cispo", "gradient", "largest gradient difference"),
-        (dapo_inplace, "dapo", "inputs-unchanged", "inputs modified in place: ['old_logprobs']"),
+def test_snippet_shows_what_the_check_compared(snippets_ran: dict[str, Any]) -> None:
+    for case, shown in (
+        ("gradient", "largest gradient difference"),
+        ("inputs-unchanged", "inputs modified in place: ['old_logprobs']"),
     ):
-        result = _run(fn, reference, check, **({"eps_high": 2.0} if reference == "cispo" else {}))
-        text = result.report.split("reproduce (standalone; ")[1].split(":\n", 1)[1]
-        code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
-        assert out.returncode == 0, out.stderr
-        assert shown in out.stdout
-        if check == "gradient":
-            line = next(x for x in out.stdout.splitlines() if "largest gradient difference" in x)
+        out = _snippet_output(snippets_ran, case)
+        assert shown in out, (case, out)
+        if case == "gradient":
+            line = next(x for x in out.splitlines() if "largest gradient difference" in x)
             assert float(line.split(":")[1].split()[0]) > 1e-6
 
 
@@ -291,7 +314,7 @@ def test_diagnosis_notices_a_batch_dependent_deviation() -> None:
 def test_reference_as_a_config_and_the_tolerance_multiplier() -> None:
     from polgrad_reference import ClipConfig, PolicyLossConfig
 
-    config = PolicyLossConfig(clip=ClipConfig(0.2, 0.28), aggregation="token-mean")
+    config = PolicyLossConfig(clip=ClipConfig(0.2, 0.28), aggregation="token-mean")  # type: ignore[arg-type]
     opts = parse_marker((config,), {})
     assert opts.reference_id == "custom"
     assert run_check(build_context(dapo, opts), "value", max_examples=30, base_seed=0).passed

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pytest_polgrad.engine import build_context, run_check
 from pytest_polgrad.options import parse_marker
 from tests import inline_run
 from tests import sample_losses as L
+from tests.snippet_driver import run_snippets
 
 pytest_plugins = ["pytester"]
 
@@ -88,23 +88,6 @@ CASES: list[tuple[str, str, Callable[..., Any], dict[str, Any], str]] = [
 
 
 IDS = [f"{c[0]}-{c[3].get('layout', 'right')}" for c in CASES]
-
-DRIVER = """
-import contextlib, io, json, os, runpy, sys, traceback
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file`
-out = {}
-for case, path, cwd in json.loads(sys.argv[1]):
-    os.chdir(cwd)
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer):
-            runpy.run_path(path, run_name="__main__")
-    except BaseException:
-        out[case] = "FAILED\\n" + traceback.format_exc()
-    else:
-        out[case] = buffer.getvalue()
-print(json.dumps(out))
-"""
 
 
 def _script_report(tmp: Path) -> str:
@@ -177,28 +160,12 @@ def reproduced(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Made]) 
     """Every case's snippet, and those of :func:`_made_here`, each saved as its own file
     outside the directory it runs from, run in one fresh interpreter (one torch import
     instead of one per case)."""
-    tmp = tmp_path_factory.mktemp("snippets")
     jobs = []
     for case, (check, reference, wrong, options, _) in zip(IDS, CASES, strict=True):
         instruction, code = _snippet(_failing(wrong, reference, check, **options))
-        path = tmp / f"{case}.py"
-        path.write_text(code)
-        jobs.append((case, str(path), _run_from(instruction)))
-    for case, one in made.items():
-        if not one.error:
-            path = tmp / f"{case}.py"
-            path.write_text(one.code)
-            jobs.append((case, str(path), one.cwd))
-    out = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(jobs)],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    results: dict[str, str] = json.loads(out.stdout)
-    return results
+        jobs.append((case, code, _run_from(instruction)))
+    jobs += [(case, one.code, one.cwd) for case, one in made.items() if not one.error]
+    return run_snippets(jobs, tmp_path_factory.mktemp("snippets"))
 
 
 def _made(made: dict[str, Made], case: str) -> tuple[str, str]:
