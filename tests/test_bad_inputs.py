@@ -16,6 +16,7 @@ import torch
 
 from pytest_polgrad.__main__ import main
 from pytest_polgrad.options import MarkerError, parse_marker
+from tests import inline_run
 
 pytest_plugins = ["pytester"]
 
@@ -222,7 +223,7 @@ def test_bad_settings_are_one_usage_error_at_startup(
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
     argv = [a.format(d=pytester.path) for a in args]
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *argv)
+    result = inline_run.run(pytester, "-p", "no:cacheprovider", *argv)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     err = result.stderr.str()
     assert words in err
