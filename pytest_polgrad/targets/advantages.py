@@ -31,8 +31,10 @@ from polgrad_reference.advantages import (
 
 from ..checks import CheckFailure
 from ..options import ConformanceOptions, MarkerError, did_you_mean
+from ..reproduce import check_lines, config_source, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import RewardBatch, left_to_right, reward_batches, right_to_left, row_extents
+from ..strategies._sample import filtered
 from ..target import Verdict
 from . import Diagnosis, KindCheck
 from ._advantage_reference import (
@@ -617,7 +619,7 @@ class AdvantagesKind:
     def strategy(self, ctx: Any, check: KindCheck) -> Any:
         shape = self._shape(ctx, check)
         if check.domain == "degenerate":
-            return reward_batches(min_group_size=1, **shape).filter(_degenerate)
+            return filtered(reward_batches(min_group_size=1, **shape), _degenerate)
         return reward_batches(**shape)
 
     def corpus(self, ctx: Any) -> dict[str, RewardBatch]:
@@ -629,23 +631,7 @@ class AdvantagesKind:
         return diagnose_advantages(ctx, inputs)
 
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
-        ref: AdvantageReference = ctx.config
-        c = ref.config
-        takes = sorted(n for n in ctx.takes if n in inputs.as_kwargs())
-        call = ", ".join(f"{n}={n}" for n in takes)
-        text: str = inputs.to_snippet()
-        return (
-            text
-            + "\n# the reference: "
-            + ref.describe()
-            + "\nfrom polgrad_reference import AdvantageConfig, compute_advantages\n"
-            + f"cfg = AdvantageConfig({c.estimator.value!r}, scale_by_std={c.scale_by_std}, "
-            + f"std_eps={c.std_eps!r}, unbiased_std={c.unbiased_std}, "
-            + f"singleton={c.singleton.value!r}, gamma={c.gamma!r}, lam={c.lam!r}, "
-            + f"whiten={c.whiten})\n"
-            + f"# check {check.name!r}: compare {ctx.name}({call}) with compute_advantages(cfg, "
-            + "...) on the float64 copies of these tensors\n"
-        )
+        return advantages_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
@@ -664,9 +650,6 @@ class AdvantagesKind:
 
 def _degenerate(batch: RewardBatch) -> bool:
     return any(s == 1 for s in batch.group_sizes) or "equal" in batch.kinds
-
-
-KIND = AdvantagesKind()
 
 
 # ---- diagnosis ----------------------------------------------------------------------------
@@ -731,3 +714,181 @@ def diagnose_advantages(ctx: AdvantagesContext, inputs: Any) -> Diagnosis:
             text += "; that match does not hold on the failing batch (a batch-dependent deviation)"
     short = best.names()
     return Diagnosis(text, short[0] if short else best.describe())
+
+
+# ---- the snippet --------------------------------------------------------------------------
+
+
+def _run_lines(ctx: AdvantagesContext, fn_name: str, grad: bool) -> list[str]:
+    """``run(inputs)``: the tensors the function takes, as :func:`call_advantages` builds
+    them, the call, and its advantages back in the canonical layout."""
+    outcome = ctx.config.config.estimator in OUTCOME
+    left = ctx.options.layout == "left"
+    takes = [n for n in INPUT_NAMES if n in ctx.takes]
+    lines = [
+        "",
+        "",
+        f"def run(inputs, grad={grad}):",
+        '    """Call the function as the check did; with grad, the gradients of',
+        "    sum(advantages * linspace(0.5, 1.5)) w.r.t. its float inputs (as the check",
+        '    takes them)."""',
+        "    mask = inputs['response_mask']",
+        "    kw = {}",
+    ]
+    if _rebuilds_token_rewards(ctx):
+        token = "None" if outcome else "inputs.get('token_rewards')"
+        lines += [
+            "    # per-token rewards built by the kit: the outcome reward at the last token"
+            + ("" if outcome else ", plus the drawn per-token rewards"),
+            "    kw['token_rewards'] = token_level_rewards(response_mask=mask, "
+            f"rewards=inputs['rewards'], token_rewards={token})",
+        ]
+    lines += [
+        f"    for name in {takes!r}:",
+        "        if name in inputs and name not in kw:",
+        "            kw[name] = inputs[name].detach().clone()",
+    ]
+    if ctx.grouped:
+        lines += [
+            "    _, counts = torch.unique(inputs['group_ids'], return_counts=True)",
+            "    kw['rewards'] = kw['rewards'].reshape(-1, int(counts[0]))  # [num_prompts, G]",
+            "    kw.pop('group_ids', None)",
+        ]
+    if left:
+        keep = " and not name == 'rewards'" if ctx.grouped else ""
+        lines += [
+            "    extents = row_extents(mask)  # the function takes left-padded token tensors",
+            "    kw = {name: right_to_left(t, extents) if t.dim() == 2" + keep + " else t",
+            "          for name, t in kw.items()}",
+        ]
+    lines += [
+        "    leaves = {}",
+        "    if grad:",
+        "        leaves = {k: t.requires_grad_(True) for k, t in kw.items()",
+        "                  if t.is_floating_point()",
+        "                  and k in ('rewards', 'token_rewards', 'values')}",
+        "    before = {k: v.detach().clone() for k, v in kw.items()}",
+        f"    out = {fn_name}(**kw)",
+        pick_line(ctx.options.loss, "advantages"),
+        "    grads = None",
+        "    if grad:",
+        "        weights = torch.linspace(0.5, 1.5, out.numel(), dtype=out.dtype)",
+        "        weights = weights.reshape(out.shape)",
+        "        found = torch.autograd.grad((out * weights).sum(), list(leaves.values()),",
+        "                                    allow_unused=True)",
+        "        grads = dict(zip(leaves, found))",
+    ]
+    if left:
+        lines += [
+            "        grads = {k: left_to_right(g, extents) if g is not None and g.dim() == 2",
+            "                 else g for k, g in grads.items()}",
+        ]
+    lines += ["    adv = out.detach()"]
+    if ctx.grouped:
+        lines += [
+            "    if adv.dim() == 2 and adv.numel() == mask.shape[0] and adv.shape != mask.shape:",
+            "        adv = adv.reshape(mask.shape[0])",
+        ]
+    if left:
+        lines += ["    adv = left_to_right(adv, extents) if adv.dim() == 2 else adv"]
+    lines += ["    return adv, grads, kw, before"]
+    return lines
+
+
+def advantages_snippet(ctx: AdvantagesContext, inputs: RewardBatch, check: KindCheck) -> str:
+    """Standalone Python: the function called as ``check`` called it, the float64 reference
+    advantages (:func:`expected_advantages`, the estimator written out), and what the check
+    compared."""
+    ref: AdvantageReference = ctx.config
+    where = importable(ctx.fn, ctx.name)
+    takes = sorted(ctx.takes)
+    definitions = [
+        "",
+        "",
+        f"REFERENCE = {config_source(ref)}",
+        f"TAKES = frozenset({takes!r})  # what the function takes: the reference sees the same",
+        *_run_lines(ctx, where.attribute, check.name == "no-gradient-leak"),
+        "",
+        "",
+        "def reference(inputs, out):",
+        f'    """The float64 reference: {ref.describe()}."""',
+        "    return expected_advantages(REFERENCE, inputs, TAKES), None",
+    ]
+    kw = inputs.as_kwargs()
+    mask = "inputs['response_mask']"
+    if check.name == "group-order":
+        perm = _permutation(kw, contiguous=ctx.grouped).tolist()
+        lines = [
+            "",
+            "out, grad, passed, before = run(inputs)",
+            "# the check: groups in reverse order, the rows of each group rotated by one"
+            + ("" if ctx.grouped else ", the groups' rows interleaved"),
+            f"perm = torch.tensor({perm!r})",
+            "moved = {k: t[perm] for k, t in inputs.items()}",
+            "out2, _, _, _ = run(moved)",
+            "show('function on the reordered batch', out2, 'its result on the original, "
+            "reordered', out[perm], moved['response_mask'])",
+        ]
+    elif check.name == "group-isolation":
+        lines = [
+            "",
+            "out, grad, passed, before = run(inputs)",
+            "# the check: change the rewards of the first row's group only",
+            "ids = inputs['group_ids']",
+            "changed = dict(inputs)",
+            "changed['rewards'] = torch.where(ids == ids[0], inputs['rewards'] * 2.0 + 1.0, "
+            "inputs['rewards']).to(inputs['rewards'].dtype)",
+            "out2, _, _, _ = run(changed)",
+            "others = ids != ids[0]",
+            f"others = others[:, None] & {mask} if out.dim() == 2 else others",
+            "moved = others & ~((out == out2) | (out.isnan() & out2.isnan()))",
+            "print('advantages of other groups that changed (must be none):',",
+            "      [(p, out[p].item(), out2[p].item())",
+            "       for p in map(tuple, moved.nonzero().tolist())])",
+        ]
+    elif check.name == "no-gradient-leak":
+        skip = ("token_rewards",) if _rebuilds_token_rewards(ctx) else ()
+        lines = [
+            "",
+            "out, grads, passed, before = run(inputs)",
+            f"mask = {mask}",
+            "for name, g in grads.items():",
+            f"    if g is not None and g.shape == mask.shape and name not in {skip!r}:",
+            "        print(f'largest |gradient| at padding of {name} (must be 0):',",
+            "              g.double().masked_fill(mask, 0.0).abs().max().item())",
+        ]
+    elif check.name == "padding-values":
+        other = [
+            "g = torch.Generator().manual_seed(7)",
+            "other = dict(inputs)",
+            "for name, t in inputs.items():",
+            "    if t.is_floating_point() and t.dim() == 2:",
+            "        junk = (torch.rand(t.shape, generator=g, dtype=torch.float64) * 2 - 1) * 7e3",
+            f"        other[name] = torch.where({mask}, t, junk.to(t.dtype))",
+        ]
+        lines = check_lines("same", other=other, grads=False, what="other values at padding")
+    elif check.name == "padding-columns":
+        other = [
+            "other = {n: torch.nn.functional.pad(t, (0, 3), value=False if t.dtype == torch.bool "
+            "else 123.0)",
+            "         if t.dim() == 2 else t for n, t in inputs.items()}",
+        ]
+        lines = check_lines("same", other=other, grads=False, what="3 more padding columns")
+    else:  # value, extreme-values, singleton-constant; inputs-unchanged, deterministic
+        mode = check.name if check.name in ("inputs-unchanged", "deterministic") else "value"
+        lines = check_lines(mode)
+    imports = [
+        "from polgrad_reference import AdvantageConfig",
+        "from polgrad_reference.advantages import Whitening, token_level_rewards",
+        "from pytest_polgrad.targets.advantages import AdvantageReference, expected_advantages",
+    ]
+    if ctx.options.layout == "left":
+        imports.append(
+            "from pytest_polgrad.strategies import left_to_right, right_to_left, row_extents"
+        )
+    return kind_snippet(
+        where, imports=imports, inputs=inputs.to_snippet(), definitions=definitions, check=lines
+    )
+
+
+KIND = AdvantagesKind()

@@ -37,7 +37,14 @@ from ..checks import CheckFailure
 from ..corpus import CORPUS_VERSION, canonical_corpus
 from ..options import ConformanceOptions, MarkerError
 from ..oracle import Oracle, OracleResult
-from ..report import config_source
+from ..reproduce import (
+    check_lines,
+    config_import,
+    config_source,
+    importable,
+    kind_snippet,
+    pick_line,
+)
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import batches
 from ..strategies._snippet import snippet as tensor_snippet
@@ -602,54 +609,91 @@ def diagnose_step(ctx: StepContext, inputs: StepInputs | None) -> Diagnosis:
 
 
 def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
-    """Standalone Python: rebuild the step, run the function on every micro-batch,
-    accumulate as the kit does and print loss and gradient next to the reference's."""
-    fn = ctx.fn
+    """Standalone Python: the step as the kit runs it (the function on every micro-batch
+    of the split, accumulated as a trainer does), the full-batch float64 reference, and
+    what ``check`` compared."""
+    where = importable(ctx.fn, ctx.name)
     tensors = [n for n in TENSORS if n in ctx.takes and n in inputs.batch]
-    info = [n for n in INFO_FIELDS if n in ctx.takes] + (["step"] if "step" in ctx.takes else [])
-    lines = [
-        "import torch",
-        f"from {fn.__module__} import {fn.__name__}",
-        "from polgrad_reference import ClipConfig, ISCorrection, KLConfig, PolicyLossConfig, "
-        "policy_loss",
-        "from pytest_polgrad.strategies import Split",
+    info = [n for n in INFO_FIELDS if n in ctx.takes]
+    assert ctx.oracle is not None
+    definitions = [
+        "",
         "",
         f"config = {config_source(ctx.policy)}",
-        *[ln for ln in inputs.to_snippet().splitlines() if ln != "import torch"],
-        "cols = torch.arange(response_mask.shape[1])",
-        "grad = torch.zeros(response_mask.shape, dtype=torch.float64)",
-        "total = 0.0",
-        "for rank in split.infos(response_mask):",
-        "    for info in rank:",
-        "        rows = torch.tensor(info.rows)",
-        "        width = int(torch.where(response_mask[rows], cols + 1, 0).max())",
-        "        mb = {",
-        *[f"            {n!r}: {n}[rows]" + ("" if n == "advantages" and
-          inputs.batch[n].dim() == 1 else "[:, :width]") + ".clone()," for n in tensors],
-        "        }",
-        "        mb['logprobs'].requires_grad_(True)",
-        *[f"        mb[{n!r}] = info" + ("" if n == "step" else f".{n}") for n in info],
-        f"        loss = {fn.__name__}(**mb)",
-        "        (g,) = torch.autograd.grad(loss, mb['logprobs'])",
-        "        grad[rows, :width] += g.double() / split.world_size",
-        "        total += loss.item() / split.world_size",
-        "ref_lp = logprobs.detach().double().requires_grad_(True)",
-        "ref_inputs = dict(logprobs=ref_lp, old_logprobs=old_logprobs.double(),",
-        "                  advantages=advantages.double(), response_mask=response_mask)",
-    ]  # fmt: skip
-    assert ctx.oracle is not None
-    lines += [f"ref_inputs['{n}'] = {n}.double()" for n in ctx.oracle.needs]
-    lines += [
-        "expected = policy_loss(config, **ref_inputs).loss",
-        "(expected_grad,) = torch.autograd.grad(expected, ref_lp)",
-        "print('accumulated loss:', total, ' full-batch reference:', expected.item())",
-        "diff = (grad - expected_grad).abs().masked_fill(~response_mask, 0.0)",
-        "print('largest gradient difference:', diff.max().item(),",
-        "      'at (b, t) =', divmod(int(diff.argmax()), diff.shape[1]))",
-        "ratio = (grad * expected_grad).sum() / (expected_grad * expected_grad).sum()",
-        "print('gradient / reference (least squares):', ratio.item())",
+        "",
+        "",
+        "def run(inputs):",
+        '    """The step as the kit accumulates it: the function on every micro-batch of',
+        "    split (its rows, trimmed to its longest response), loss and gradient / world_size",
+        '    summed over micro-batches and ranks (all-reduce mean of per-rank sums)."""',
+        "    mask = inputs['response_mask']",
+        "    cols = torch.arange(mask.shape[1])",
+        "    grad = torch.zeros(mask.shape, dtype=torch.float64)",
+        "    total, passed, before = 0.0, {}, {}",
+        "    for r, rank in enumerate(split.infos(mask)):",
+        "        for info in rank:",
+        "            rows = torch.tensor(info.rows)",
+        "            width = int(torch.where(mask[rows], cols + 1, 0).max())",
+        "            mb = {n: (inputs[n][rows][:, :width] if inputs[n].dim() == 2 else "
+        "inputs[n][rows]).clone()",
+        f"                  for n in {tensors!r}}}",
+        "            mb['logprobs'].requires_grad_(True)",
+        "            here = f'rank {r} micro-batch {info.micro_batch}'",
+        "            before.update({f'{here}: {k}': v.detach().clone() for k, v in mb.items()})",
+        "            kw = dict(mb)",
+        *[f"            kw[{n!r}] = info.{n}" for n in info],
+        *(["            kw['step'] = info"] if "step" in ctx.takes else []),
+        f"            out = {where.attribute}(**kw)",
+        pick_line(ctx.options.loss, "loss", indent="            "),
+        "            if out is None:  # the function ran backward itself",
+        "                g, value = mb['logprobs'].grad, float('nan')",
+        "            else:",
+        "                (g,) = torch.autograd.grad(out, mb['logprobs'])",
+        "                value = out.item()",
+        "            grad[rows, :width] += g.double() / split.world_size",
+        "            total += value / split.world_size",
+        "            passed.update({f'{here}: {k}': v for k, v in mb.items()})",
+        "    return torch.tensor(total, dtype=torch.float64), grad, passed, before",
+        "",
+        "",
+        "def reference(inputs, out):",
+        '    """The float64 full-batch reference loss and its gradient w.r.t. logprobs."""',
+        "    lp = inputs['logprobs'].detach().double().requires_grad_(True)",
+        "    ref_inputs = dict(logprobs=lp, old_logprobs=inputs['old_logprobs'].double(),",
+        "                      advantages=inputs['advantages'].double(),",
+        "                      response_mask=inputs['response_mask'])",
+        *[f"    ref_inputs[{n!r}] = inputs[{n!r}].double()" for n in ctx.oracle.needs],
+        "    expected = policy_loss(config, **ref_inputs).loss",
+        "    return expected.detach(), torch.autograd.grad(expected, lp)[0]",
     ]
-    return "\n".join(lines) + "\n"
+    mask = "inputs['response_mask']"
+    if check.name in ("full-batch", "micro-batches", "data-parallel", "generation-steps"):
+        lines = [
+            "",
+            "out, grad, passed, before = run(inputs)",
+            "expected, expected_grad = reference(inputs, out)",
+            f"show('accumulated loss', out, 'full-batch reference', expected, {mask})",
+            "show('accumulated gradient', grad, 'full-batch reference gradient', expected_grad,",
+            f"     {mask})",
+            "ratio = (grad * expected_grad).sum() / (expected_grad * expected_grad).sum()",
+            "print('gradient / reference (least squares):', ratio.item())",
+        ]
+    elif check.name == "padding-values":
+        fill = "float('nan')" if ctx.options.padding_nan else "-11.5"
+        other = [
+            f"other = {{k: torch.where({mask}, v, torch.full_like(v, {fill}))",
+            "         if v.is_floating_point() and v.dim() == 2 else v for k, v in inputs.items()}",
+        ]
+        lines = check_lines("same", other=other, what="other values at padding")
+    else:
+        lines = check_lines("masked" if check.name == "masked-positions" else check.name)
+    return kind_snippet(
+        where,
+        imports=[config_import(ctx.policy), "from pytest_polgrad.strategies import Split"],
+        inputs=inputs.to_snippet(),
+        definitions=definitions,
+        check=lines,
+    )
 
 
 KIND = TrainingStepKind()
