@@ -4,10 +4,11 @@
    function, from a cold process state (each run uses a fresh ``--polgrad-seed``, so no
    pooled batch or cached oracle result of an earlier run is reused);
 2. ten correct marked functions with the same options, in one process, in total;
-3. the value + gradient checks of one correct function against the bare forward+backward
-   of the function plus the oracle on the very same (distinct) batches, recorded during
-   the run and replayed: first from a cold state (the pool is drawn), then for another
-   function with the same options (the pool is shared);
+3. the value + gradient checks of one correct function (sharing its calls between the
+   two checks, as ``assert_conforms`` and one marked function's items do) against the
+   bare forward+backward of the function plus the oracle on the very same (distinct)
+   batches, recorded during the run and replayed: first from a cold state (the pool is
+   drawn), then for another function with the same options (the pool is shared);
 4. the failing path: the value check of a wrong loss (clip eps 0.3 against "grpo"), with
    the search, shrinking, diagnosis and report.
 
@@ -52,10 +53,25 @@ grpo_loss = _grpo(0.2)
 wrong_eps_loss = _grpo(0.3)
 
 
+def _shared() -> dict[str, Any]:
+    """``shared=`` (one store of calls for one function's checks, as ``assert_conforms`` and
+    the plugin pass) for engines that take it; older ones do not."""
+    import inspect
+
+    if "shared" not in inspect.signature(run_check).parameters:
+        return {}
+    from pytest_polgrad.targets import CallStore
+
+    return {"shared": CallStore()}
+
+
 def _full_run(fn: Callable[..., Any], options: Any, seed: int, examples: int) -> None:
+    shared = _shared()
     for check in applicable_checks(resolve_config(options), options):
         ctx = build_context(fn, options)
-        result = run_check(ctx, check, max_examples=examples, base_seed=seed, diagnose=False)
+        result = run_check(
+            ctx, check, max_examples=examples, base_seed=seed, diagnose=False, **shared
+        )
         assert result.passed, result.report
 
 
@@ -97,14 +113,19 @@ def main() -> None:
     warm_bare_t: list[float] = []
     recorded: dict[bytes, dict[str, Tensor]] = {}
 
-    def recording_loss(
-        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
-    ) -> Tensor:
-        batch = dict(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
-        batch = {k: v.detach().clone() for k, v in batch.items()}
-        batch["response_mask"] = response_mask.clone()
-        recorded.setdefault(_digest(batch), batch)
-        return grpo_loss(logprobs, old_logprobs, advantages, response_mask)
+    def recording() -> Callable[..., Tensor]:
+        """A new function object each time (the same loss), recording its batches."""
+
+        def recording_loss(
+            logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+        ) -> Tensor:
+            batch = dict(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+            batch = {k: v.detach().clone() for k, v in batch.items()}
+            batch["response_mask"] = response_mask.clone()
+            recorded.setdefault(_digest(batch), batch)
+            return grpo_loss(logprobs, old_logprobs, advantages, response_mask)
+
+        return recording_loss
 
     seed = args.seed
     for _ in range(args.runs):
@@ -122,10 +143,11 @@ def main() -> None:
 
         seed += 1
         recorded.clear()
-        ctx = build_context(recording_loss, options)
+        ctx = build_context(recording(), options)
+        shared = _shared()
         t0 = time.perf_counter()
         for check in ("value", "gradient"):
-            result = run_check(ctx, check, max_examples=args.examples, base_seed=seed)
+            result = run_check(ctx, check, max_examples=args.examples, base_seed=seed, **shared)
             assert result.passed, result.report
         vg_t.append(time.perf_counter() - t0)
         batches = list(recorded.values())
@@ -136,10 +158,13 @@ def main() -> None:
         # the same checks again for another function with the same options: the common
         # case when several functions or checks share one pool
         recorded.clear()
-        ctx = build_context(recording_loss, options, **_named("another"))
+        ctx = build_context(recording(), options, **_named("another"))
+        shared = _shared()
         t0 = time.perf_counter()
         for check in ("value", "gradient"):
-            assert run_check(ctx, check, max_examples=args.examples, base_seed=seed).passed
+            assert run_check(
+                ctx, check, max_examples=args.examples, base_seed=seed, **shared
+            ).passed
         warm_t.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         for batch in list(recorded.values()):

@@ -8,6 +8,7 @@ from typing import Any
 
 from .engine import CheckResult, build_context, resolve_config, run_check
 from .options import MarkerError, parse_marker
+from .targets import CallStore
 
 __all__ = ["ConformanceError", "ConformanceReport", "assert_conforms"]
 
@@ -115,9 +116,10 @@ def assert_conforms(
     budget = opts.max_examples or 100
     results = []
     unexcused: dict[str, str] = {}
+    calls = CallStore()  # this call's checks share the function's calls, no other's
     for check in checks:
         ctx = build_context(fn, opts, name=label)
-        result = run_check(ctx, check, max_examples=budget, base_seed=seed)
+        result = run_check(ctx, check, max_examples=budget, base_seed=seed, shared=calls)
         if not result.passed and check in opts.expect:
             verdict = judge(ctx, result)
             if not verdict.excused:

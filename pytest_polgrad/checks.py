@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Hashable, Mapping
 
 import torch
 
@@ -26,6 +27,7 @@ from polgrad_reference import (
 from .options import ConformanceOptions
 from .oracle import Oracle, OracleResult
 from .target import Evaluation, FunctionUnderTest, Verdict
+from .targets import SHARED_CALLS, CallStore
 from .tolerance import Comparison, Tolerance
 
 __all__ = ["CHECKS", "Check", "CheckFailure", "Context"]
@@ -173,8 +175,51 @@ def _worst_entries(
     return out
 
 
+def evaluate(ctx: Context, batch: Batch) -> Evaluation:
+    """``ctx.fut.call(batch)``: loss and gradient. While the engine screens the corpus and
+    the pool with a store (:data:`~pytest_polgrad.targets.SHARED_CALLS`), one call per
+    (function, options, batch tensors) serves every check that compares a plain call on
+    that batch (value, gradient, masked positions, the first call of padding-values,
+    padding-columns and micro-batch). An entry goes when a batch tensor is freed, and holds
+    the function, so that its id is not reused meanwhile. Without a store the function is
+    called afresh."""
+    store = SHARED_CALLS.get()
+    if store is None:
+        return ctx.fut.call(batch)
+    tensors = tuple(batch[k] for k in sorted(batch))
+    key: tuple[Hashable, ...] = (id(ctx.fut.fn), repr(ctx.options), *map(id, tensors))
+    hit = store.get(key)
+    if hit is not None and hit[0] is ctx.fut.fn:
+        found: Evaluation = hit[1]
+        return found
+    ev = ctx.fut.call(batch)
+    store[key] = (ctx.fut.fn, dataclasses.replace(ev, inputs={}, before=None))
+    owner = weakref.ref(store)
+    for t in tensors:
+        weakref.finalize(t, _forget, owner, key)
+    return ev
+
+
+def _forget(owner: weakref.ref[CallStore], key: tuple[Hashable, ...]) -> None:
+    store = owner()
+    if store is not None:
+        store.pop(key, None)
+
+
+def _value_of(ctx: Context, batch: Batch) -> Evaluation:
+    """The value check's call: the shared one when the function is differentiable, else
+    (or with nothing shared) a value-only call, so that a function that is not
+    differentiable still gets a verdict on its value alone."""
+    if SHARED_CALLS.get() is not None:
+        try:
+            return evaluate(ctx, batch)
+        except Verdict:
+            pass
+    return ctx.fut.call(batch, grad=False)
+
+
 def check_value(ctx: Context, batch: Batch) -> float:
-    ev = ctx.fut.call(batch, grad=False)
+    ev = _value_of(ctx, batch)
     _require_finite_loss(ev)
     ref = ctx.expected(batch, grad=False)
     if ref.undecided:
@@ -218,7 +263,7 @@ def _compare_grad(
 
 
 def check_gradient(ctx: Context, batch: Batch) -> float:
-    ev = ctx.fut.call(batch)
+    ev = evaluate(ctx, batch)
     _require_finite_loss(ev)
     ref = ctx.expected(batch)
     if ref.undecided:
@@ -227,7 +272,7 @@ def check_gradient(ctx: Context, batch: Batch) -> float:
 
 
 def check_masked_positions(ctx: Context, batch: Batch) -> float:
-    ev = ctx.fut.call(batch)
+    ev = evaluate(ctx, batch)
     assert ev.grad is not None
     pad = ~batch["response_mask"]
     bad = pad & (ev.grad != 0)
@@ -316,7 +361,7 @@ def _same_result(
 
 
 def check_padding_values(ctx: Context, batch: Batch) -> float:
-    first = ctx.fut.call(batch)
+    first = evaluate(ctx, batch)
     _require_finite_loss(first)
     other = _regarbage(batch, seed=1234, nan=ctx.options.padding_nan)
     second = ctx.fut.call(other)
@@ -340,7 +385,7 @@ def _widen(batch: Batch, extra: int) -> dict[str, torch.Tensor]:
 
 
 def check_padding_columns(ctx: Context, batch: Batch) -> float:
-    first = ctx.fut.call(batch)
+    first = evaluate(ctx, batch)
     _require_finite_loss(first)
     width = batch["response_mask"].shape[1]
     second = ctx.fut.call(_widen(batch, width + 3))
@@ -434,7 +479,7 @@ def _scaling(cfg: PolicyLossConfig) -> MicroBatchScaling:
 
 
 def check_micro_batch(ctx: Context, batch: Batch) -> float:
-    full = ctx.fut.call(batch)
+    full = evaluate(ctx, batch)
     _require_finite_loss(full)
     rows = batch["response_mask"].shape[0]
     scale = 1.0 if _scaling(ctx.config) is MicroBatchScaling.SUM else 1.0 / rows
@@ -468,7 +513,11 @@ def check_on_policy(ctx: Context, batch: Batch) -> float:
     """On-policy (old = logprobs), every ratio-based surrogate has the REINFORCE gradient."""
     ev = ctx.fut.call(batch)
     _require_finite_loss(ev)
-    reinforce = Oracle(ctx.config.replace(surrogate=SurrogateKind.REINFORCE, ratio=RatioKind.TOKEN))
+    # the same class as the context's oracle: its per-batch cache serves every function
+    reinforce = dataclasses.replace(
+        ctx.oracle,
+        config=ctx.config.replace(surrogate=SurrogateKind.REINFORCE, ratio=RatioKind.TOKEN),
+    )
     ref = ctx.call_oracle(reinforce, batch)
     if ref.undecided:
         return ctx.not_judged()

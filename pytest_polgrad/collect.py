@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from .options import ConformanceOptions, MarkerError, did_you_mean, parse_marker
+from .targets import CallStore
 
 __all__ = ["Target", "checks_for_options", "param_sets", "reference_hint", "targets"]
 
@@ -47,6 +48,9 @@ class Target:
     options: ConformanceOptions
     checks: tuple[str, ...]
     marks: tuple[pytest.Mark, ...] = ()
+    calls: CallStore = dataclasses.field(default_factory=CallStore, compare=False, repr=False)
+    """Calls of ``fn`` its items share while screening (one per batch: the value and
+    gradient items compare the same call)."""
 
     @property
     def label(self) -> str:

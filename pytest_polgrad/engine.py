@@ -3,10 +3,11 @@
 A check runs, in order, on the kind's canonical corpus (explicit inputs, so a difference
 visible there is never missed at any budget or seed), then on a pool of drawn inputs
 shared by every check and every marked function with the same batch-shaping options.
-The pool is drawn once per process by Hypothesis (a property that only records its
-inputs), with the seed the search uses; Hypothesis searches and shrinks only when a
-pooled input fails, and with the same seed it meets the same inputs in the same order, so
-it reproduces the failure and shrinks it. Seeds derive with SHA-256 from
+The pool is drawn once per process by the strategies' own plan code with seeded random
+choices (``strategies/_sample.py``: no Hypothesis bookkeeping per input; a strategy without
+a sampler is drawn by Hypothesis instead). Hypothesis searches and shrinks only when a
+pooled input fails, with the pool's seed; if it does not meet a failure within the
+budget, the kind's shrinker reduces the pooled input. Seeds derive with SHA-256 from
 ``--polgrad-seed``, the kind and the batch-shaping options, never from the function's
 name: every xdist worker, every rerun and every renaming draws the same inputs. The
 Hypothesis example database is not used: nothing the user stored there is read or written.
@@ -21,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
-from .targets import Diagnosis, Kind, KindCheck, KindContext, get_kind
+from .targets import SHARED_CALLS, CallStore, Diagnosis, Kind, KindCheck, KindContext, get_kind
 
 __all__ = [
     "CheckResult",
@@ -165,9 +166,20 @@ def _settings(max_examples: int, *, shrink: bool) -> Callable[[Any], Any]:
 
 
 def _draw_pool(strategy: Any, seed: int, max_examples: int) -> tuple[Any, ...]:
-    """The inputs Hypothesis generates for ``strategy`` under ``seed``, in order."""
+    """``max_examples`` inputs of ``strategy`` under ``seed``, in order: drawn by the
+    strategy's own plan code with seeded random choices where the strategy supports that
+    (:mod:`strategies._sample`, no Hypothesis bookkeeping per input), else the inputs
+    Hypothesis generates."""
     from hypothesis import given
     from hypothesis import seed as fix_seed
+
+    from .strategies._sample import sample, sampleable
+
+    if sampleable(strategy):
+        try:
+            return sample(strategy, seed, max_examples)
+        except LookupError:  # a nested strategy without a sampler, or a filter too strict
+            pass
 
     drawn: list[Any] = []
 
@@ -196,7 +208,7 @@ def _pool(
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """``(drawn, extra)`` within ``budget`` inputs: the kind's ``extra_inputs`` (e.g.
     realistic sizes, too costly for every drawn example) take one eighth of the budget,
-    rounded up, and Hypothesis draws the rest for the pool's seed."""
+    rounded up, and the strategy draws the rest for the pool's seed."""
     key = (kind.name, _pool_key(kind, ctx, check), seed)
     hook = getattr(kind, "extra_inputs", None)
     extra: tuple[Any, ...] = ()
@@ -299,8 +311,14 @@ def run_check(
     base_seed: int,
     replay: str = "",
     diagnose: bool = True,
+    shared: CallStore | None = None,
 ) -> CheckResult:
     """Run one check to completion: pass, or fail with the smallest input found and a report.
+
+    ``shared``: a store that checks of the same function may share calls through while
+    they screen the corpus and the pool (:data:`~pytest_polgrad.targets.SHARED_CALLS`);
+    pass one store to every check of one function, and a new one whenever the function's
+    behaviour may have changed (None: nothing shared).
 
     Every corpus input and every pooled input runs (``examples`` counts them); on the
     first failure Hypothesis searches and shrinks with the pool's seed. A failure that
@@ -311,13 +329,17 @@ def run_check(
     seed = derive_seed(base_seed, kind.name, _pool_key(kind, ctx, check))
     examples = 0
     found: _Found | None = None
-    for source, raw in _candidates(kind, ctx, check, seed, max_examples):
-        inputs = _prepare(check, raw)
-        examples += 1
-        exc = _attempt(ctx, check, inputs)
-        if exc is not None:
-            found = _Found(inputs, exc, source)
-            break
+    screening = SHARED_CALLS.set(shared)
+    try:
+        for source, raw in _candidates(kind, ctx, check, seed, max_examples):
+            inputs = _prepare(check, raw)
+            examples += 1
+            exc = _attempt(ctx, check, inputs)
+            if exc is not None:
+                found = _Found(inputs, exc, source)
+                break
+    finally:
+        SHARED_CALLS.reset(screening)
     result = CheckResult(
         function=ctx.name,
         reference=str(getattr(ctx.options, "reference_id", "")),
@@ -355,8 +377,8 @@ def _refine(
     """Make a found failure small, or turn one that does not recur into the
     non-determinism verdict.
 
-    A pooled input: Hypothesis searches and shrinks with the pool's seed (it meets the
-    same inputs in the same order); if it does not reproduce the failure, the kind's
+    A pooled input: Hypothesis searches and shrinks with the pool's seed; if it does not
+    meet a failure of its own within the budget, the kind's
     ``shrink`` reduces the input. A corpus input (canonical, small, literal values): the
     kind's ``shrink`` only, which is cheaper than a search and keeps the values.
     """

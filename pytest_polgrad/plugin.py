@@ -231,7 +231,12 @@ class PolgradItem(pytest.Item):
         try:
             ctx = build_context(self.fn, self.options, name=self.target.label)
             result = run_check(
-                ctx, self.check, max_examples=budget, base_seed=s.seed, replay=replay
+                ctx,
+                self.check,
+                max_examples=budget,
+                base_seed=s.seed,
+                replay=replay,
+                shared=self.target.calls,
             )
         except MarkerError as exc:  # e.g. device="cuda" on a machine without CUDA
             raise ConformanceFailure(f"{self.target.label}: {exc}") from None

@@ -1,5 +1,6 @@
 """Strategy objects built once and reused: constructing and validating a fresh
-``st.integers`` / ``st.sampled_from`` on every draw costs more than the draw itself.
+``st.integers`` / ``st.sampled_from`` on every draw costs more than the draw itself. Each
+is registered with its uniform sampler (:mod:`._sample`), for the pool's fast path.
 Keys are typed: ``lru_cache`` would otherwise hand the strategy built for ``1.0`` to a
 caller asking for ``1``."""
 
@@ -11,15 +12,17 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-__all__ = ["BOOLS", "binary", "choice", "ints"]
+from ._sample import register
 
-BOOLS = st.booleans()
+__all__ = ["BOOLS", "binary", "choice", "ints", "permutations", "subsets"]
+
+BOOLS = register(st.booleans(), lambda d: d.rng.random() < 0.5)
 
 
 @functools.lru_cache(maxsize=8192, typed=True)
 def ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     """``st.integers(lo, hi)``, cached."""
-    return st.integers(lo, hi)
+    return register(st.integers(lo, hi), lambda d: d.rng.randint(lo, hi))
 
 
 def choice(options: tuple[Hashable, ...]) -> st.SearchStrategy[Any]:
@@ -30,10 +33,26 @@ def choice(options: tuple[Hashable, ...]) -> st.SearchStrategy[Any]:
 
 @functools.lru_cache(maxsize=1024)
 def _choice(options: tuple[Hashable, ...], types: tuple[type, ...]) -> st.SearchStrategy[Any]:
-    return st.sampled_from(options)
+    return register(st.sampled_from(options), lambda d: options[d.rng.randrange(len(options))])
 
 
 @functools.lru_cache(maxsize=1024, typed=True)
 def binary(size: int) -> st.SearchStrategy[bytes]:
     """``st.binary`` of exactly ``size`` bytes, cached."""
-    return st.binary(min_size=size, max_size=size)
+    return register(st.binary(min_size=size, max_size=size), lambda d: d.rng.randbytes(size))
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def subsets(lo: int, hi: int, size: int) -> st.SearchStrategy[frozenset[int]]:
+    """Sets of exactly ``size`` distinct integers of ``[lo, hi]``, cached."""
+    values = range(lo, hi + 1)
+    return register(
+        st.frozensets(ints(lo, hi), min_size=size, max_size=size),
+        lambda d: frozenset(d.rng.sample(values, size)),
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def permutations(items: tuple[int, ...]) -> st.SearchStrategy[list[int]]:
+    """``st.permutations(items)``, cached."""
+    return register(st.permutations(items), lambda d: d.rng.sample(items, len(items)))

@@ -20,6 +20,7 @@ from ._groups import draw_group_plan
 from ._layout import Layout
 from ._masks import Positions, draw_choices, draw_extents, draw_holes, draw_size, draw_width
 from ._plan import AdvantageShape, BatchPlan, Padding, RefPlan, RolloutPlan
+from ._sample import register
 from ._validate import (
     check_bool,
     check_choice,
@@ -145,8 +146,7 @@ def batches(
         )
     )
 
-    @st.composite
-    def _batches(draw: st.DrawFn) -> Batch:
+    def _batch(draw: st.DrawFn) -> Batch:
         if group_size is None:
             batch = draw_size(draw, min_batch, max_batch)
         else:
@@ -194,4 +194,4 @@ def batches(
         )
         return build(plan)
 
-    return _batches()
+    return register(st.composite(_batch)(), _batch)

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from hypothesis import strategies as st
 
-from ._cache import BOOLS, binary, ints
+from ._cache import BOOLS, binary, choice, ints
 from ._layout import right_to_left
 from ._validate import check_bool, check_choice, check_int, check_range
 
@@ -84,7 +84,7 @@ def draw_size(draw: st.DrawFn, lo: int, hi: int) -> int:
 
 
 Pattern = Literal["equal", "ragged", "extremes"]
-_PATTERNS: st.SearchStrategy[Pattern] = st.sampled_from(("equal", "ragged", "ragged", "extremes"))
+_PATTERNS: st.SearchStrategy[Pattern] = choice(("equal", "ragged", "ragged", "extremes"))
 
 
 def draw_extents(draw: st.DrawFn, batch_size: int, lo: int, hi: int) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from ._cache import BOOLS, choice, ints
+from ._sample import register
 from ._snippet import snippet
 from ._validate import check_bool, check_choice, check_dtype, check_int, check_range, check_real
 
@@ -181,7 +182,6 @@ def reward_batches(
     kind_choice = choice(tuple(kinds))
     orders = choice((False, True)) if shuffle is None else choice((shuffle,))
 
-    @st.composite
     def _draw(draw: st.DrawFn) -> RewardBatch:
         n_groups = draw(ints(min_groups, max_groups))
         if equal_sizes:
@@ -232,7 +232,7 @@ def reward_batches(
             **extra,
         )
 
-    return _draw()
+    return register(st.composite(_draw)(), _draw)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -277,7 +277,6 @@ def value_batches(
         scales = (1.0, 1e-2, 4.0) if dt is torch.float16 else (1.0, 1e-2, 1e2, 1e4)
     fractions = choice((0.0, 0.5, 1.0))
 
-    @st.composite
     def _draw(draw: st.DrawFn) -> ValueBatch:
         b = draw(ints(1, max_batch))
         ragged = draw(BOOLS)
@@ -312,7 +311,7 @@ def value_batches(
         }
         return ValueBatch(response_mask=mask, **out)
 
-    return _draw()
+    return register(st.composite(_draw)(), _draw)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -361,7 +360,6 @@ def logit_batches(
     check_choice("padding", padding, ("garbage", "nan"))
     pattern_choice = choice(tuple(patterns))
 
-    @st.composite
     def _draw(draw: st.DrawFn) -> LogitBatch:
         b = draw(ints(1, max_batch))
         vocab = draw(ints(min_vocab, max_vocab))
@@ -398,4 +396,4 @@ def logit_batches(
             z = torch.where(mask[:, :, None], z, junk)
         return LogitBatch(logits=z.to(dt), response_mask=mask, pattern=pattern)
 
-    return _draw()
+    return register(st.composite(_draw)(), _draw)

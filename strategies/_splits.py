@@ -19,6 +19,8 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from ._cache import choice, ints, permutations, subsets
+from ._sample import register
 from ._validate import check_choice, check_int
 
 __all__ = ["SPLIT_FAMILIES", "Split", "StepInfo", "splits"]
@@ -210,7 +212,7 @@ def _cut(draw: st.DrawFn, n: int, parts: int, even: bool) -> list[int]:
         return [n]
     if even or parts == n:
         return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
-    cuts = sorted(draw(st.sets(st.integers(1, n - 1), min_size=parts - 1, max_size=parts - 1)))
+    cuts = sorted(draw(subsets(1, n - 1, parts - 1)))
     bounds = [0, *cuts, n]
     return [bounds[i + 1] - bounds[i] for i in range(parts)]
 
@@ -246,28 +248,27 @@ def splits(
         raise InvalidArgument("family='micro-batches' needs max_micro_batches >= 2")
     lens = [int(n) for n in lengths]
 
-    @st.composite
     def _splits(draw: st.DrawFn) -> Split:
-        fam = family if family is not None else draw(st.sampled_from(_families(rows)))
+        fam = family if family is not None else draw(choice(_families(rows)))
         if fam == "full-batch":
             w, k = 1, 1
         elif fam == "micro-batches":
-            w, k = 1, draw(st.integers(2, min(max_micro_batches, rows)))
+            w, k = 1, draw(ints(2, min(max_micro_batches, rows)))
         elif fam == "data-parallel":
-            w = draw(st.integers(2, min(max_ranks, rows)))
-            k = draw(st.integers(1, max(1, min(max_micro_batches, rows // w))))
+            w = draw(ints(2, min(max_ranks, rows)))
+            k = draw(ints(1, max(1, min(max_micro_batches, rows // w))))
         else:
-            w = draw(st.integers(1, min(max_ranks, rows)))
-            k = draw(st.integers(1, max(1, min(max_micro_batches, rows // w))))
-        cut = draw(st.sampled_from(("even", "uneven", "single")))
+            w = draw(ints(1, min(max_ranks, rows)))
+            k = draw(ints(1, max(1, min(max_micro_batches, rows // w))))
+        cut = draw(choice(("even", "uneven", "single")))
         if cut == "single" and fam != "full-batch" and rows % w == 0:
             k = max(k, min(rows // w, max_micro_batches))  # one row each where it fits
-        order = draw(st.sampled_from(("given", "sorted", "shuffled")))
+        order = draw(choice(("given", "sorted", "shuffled")))
         idx = list(range(rows))
         if order == "sorted":
             idx.sort(key=lambda i: (lens[i], i))
         elif order == "shuffled":
-            idx = list(draw(st.permutations(idx)))
+            idx = list(draw(permutations(tuple(idx))))
         parts = w * k
         if cut == "single" and rows == parts:
             sizes = [1] * parts
@@ -281,15 +282,15 @@ def splits(
         if fam != "generation-steps":
             return Split(ranks)
         options = [s for s in (2 * k, 4 * k) if s <= 16] + ([k // 2] if k % 2 == 0 else [])
-        s = draw(st.sampled_from(options))
+        s = draw(choice(tuple(options)))
         if s <= k:
             return Split(ranks, steps_per_generation=s)
         later = s // k - 1
         extra_rows = later * rows
-        extra_tokens = draw(st.integers(extra_rows, max(extra_rows, later * sum(lens) * 2)))
+        extra_tokens = draw(ints(extra_rows, max(extra_rows, later * sum(lens) * 2)))
         return Split(ranks, s, outside_tokens=extra_tokens, outside_rows=extra_rows)
 
-    return _splits()
+    return register(st.composite(_splits)(), _splits)
 
 
 def _families(rows: int) -> tuple[str, ...]:

@@ -21,6 +21,7 @@ This module imports neither torch nor Hypothesis at import time (the plugin load
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 __all__ = [
     "KINDS",
     "OPTIONAL_HOOKS",
+    "SHARED_CALLS",
+    "CallStore",
     "Diagnosis",
     "Inputs",
     "Kind",
@@ -42,6 +45,22 @@ __all__ = [
     "KindContext",
     "get_kind",
 ]
+
+
+class CallStore(dict[Any, Any]):
+    """Calls of one function shared between its checks (see :data:`SHARED_CALLS`); a dict
+    that entries can refer to weakly, so a store lives only as long as its owner."""
+
+
+SHARED_CALLS: contextvars.ContextVar[CallStore | None] = contextvars.ContextVar(
+    "polgrad_shared_calls", default=None
+)
+"""While the engine runs a check over the corpus and the pool: the store in which a kind
+may keep one call of the function per input for its other checks (the value and gradient
+checks then compare the same call). The caller of :func:`~pytest_polgrad.engine.run_check`
+chooses the store's scope (one ``assert_conforms`` call; one marked function's items) and
+None shares nothing; the search, the shrinking and the re-run of a failure always call
+the function afresh, so a flaky function is still caught."""
 
 
 class Inputs(Protocol):

@@ -34,6 +34,7 @@ from ..options import ConformanceOptions, MarkerError, did_you_mean
 from ..reproduce import check_lines, config_source, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import RewardBatch, left_to_right, reward_batches, right_to_left, row_extents
+from ..strategies._sample import filtered
 from ..target import Verdict
 from . import Diagnosis, KindCheck
 from ._advantage_reference import (
@@ -618,7 +619,7 @@ class AdvantagesKind:
     def strategy(self, ctx: Any, check: KindCheck) -> Any:
         shape = self._shape(ctx, check)
         if check.domain == "degenerate":
-            return reward_batches(min_group_size=1, **shape).filter(_degenerate)
+            return filtered(reward_batches(min_group_size=1, **shape), _degenerate)
         return reward_batches(**shape)
 
     def corpus(self, ctx: Any) -> dict[str, RewardBatch]:

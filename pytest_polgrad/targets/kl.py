@@ -40,6 +40,7 @@ from ..options import ConformanceOptions, MarkerError, did_you_mean
 from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import batches
+from ..strategies._sample import mapped
 from ..target import Verdict, _pick_loss
 from . import Diagnosis, KindCheck
 from ._tokens import (
@@ -369,11 +370,12 @@ class KLKind:
 
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[TokenInputs]:
         o = ctx.options
-        return batches(
+        drawn = batches(
             max_batch=o.max_batch, max_length=o.max_length, dtype=ctx.tolerance.input_dtype,
             with_ref_logprobs=True, with_rollout_logprobs=False, with_rewards=False,
             padding="nan" if o.padding_nan else "garbage",
-        ).map(lambda b: _inputs(b.as_kwargs()))  # fmt: skip
+        )  # fmt: skip
+        return mapped(drawn, lambda b: _inputs(b.as_kwargs()))
 
     def corpus(self, ctx: Any) -> dict[str, TokenInputs]:
         found = canonical_corpus(dtype=ctx.tolerance.input_dtype)

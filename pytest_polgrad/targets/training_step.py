@@ -47,6 +47,7 @@ from ..reproduce import (
 )
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import batches
+from ..strategies._sample import register
 from ..strategies._snippet import snippet as tensor_snippet
 from ..strategies._splits import Split, StepInfo, splits
 from ..target import Verdict, _pick_loss
@@ -403,14 +404,13 @@ class TrainingStepKind:
             padding="nan" if ctx.options.padding_nan else "garbage",
         )  # fmt: skip
 
-        @st.composite
         def _steps(draw: st.DrawFn) -> StepInputs:
             batch = draw(drawn)
             tensors = batch.as_kwargs()
             lengths = tensors["response_mask"].sum(dim=1).tolist()
             return StepInputs(tensors, draw(splits(lengths, family=family)))
 
-        return _steps()
+        return register(st.composite(_steps)(), _steps)
 
     def pool_key(self, ctx: Any, check: KindCheck) -> tuple[object, ...]:
         """Checks of one split family share drawn steps (across functions, too)."""

@@ -1,0 +1,96 @@
+"""Drawing from the kit's own strategies without Hypothesis: the shared pool's fast path.
+
+The batch plans call ``draw(strategy)`` on a few leaf strategies (:func:`._cache.ints`,
+:func:`._cache.choice`, :data:`._cache.BOOLS`, :func:`._cache.binary`) and on the
+composites built from them. Each is registered here with a *sampler*: the same plan code
+then runs either under Hypothesis (its ``draw``: search and shrinking) or under
+:class:`RandomDraw`, whose choices come from ``random.Random(seed)``. A Hypothesis draw
+costs about a millisecond per batch in engine bookkeeping; a random one costs what the
+plan's own arithmetic costs. Choices are uniform: the plans already aim at clip
+boundaries and size classes by construction, rather than relying on Hypothesis's
+preference for small values.
+"""
+
+from __future__ import annotations
+
+import random
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from hypothesis.strategies import SearchStrategy
+
+__all__ = ["RandomDraw", "filtered", "mapped", "register", "sample", "sampleable"]
+
+S = TypeVar("S")
+T = TypeVar("T")
+U = TypeVar("U")
+
+Sampler = Callable[[Any], Any]
+"""Called with a :class:`RandomDraw` (typed ``Any``: the plans are typed against
+Hypothesis's ``DrawFn`` protocol, which a plain class cannot satisfy)."""
+
+_SAMPLERS: dict[int, Sampler] = {}
+"""id(strategy) -> sampler; an entry goes when its strategy is collected, before the id
+can be reused."""
+
+
+def register(strategy: S, sampler: Sampler) -> S:
+    """Record how to draw from ``strategy`` without Hypothesis; returns ``strategy``."""
+    key = id(strategy)
+    _SAMPLERS[key] = sampler
+    weakref.finalize(strategy, _SAMPLERS.pop, key, None)
+    return strategy
+
+
+def sampleable(strategy: object) -> bool:
+    """Whether :class:`RandomDraw` can draw from ``strategy``."""
+    return id(strategy) in _SAMPLERS
+
+
+class RandomDraw:
+    """A ``draw`` function for the registered strategies, seeded: equal seeds give equal
+    draws, in any process (``random.Random`` is not salted)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def __call__(self, strategy: SearchStrategy[T], label: object = None) -> T:
+        sampler = _SAMPLERS.get(id(strategy))
+        if sampler is None:
+            raise LookupError(f"no sampler registered for {strategy!r}")
+        found: T = sampler(self)
+        return found
+
+
+def sample(strategy: SearchStrategy[T], seed: int, n: int) -> tuple[T, ...]:
+    """``n`` draws from ``strategy`` under ``seed``, in order."""
+    draw = RandomDraw(seed)
+    return tuple(draw(strategy) for _ in range(n))
+
+
+def mapped(strategy: SearchStrategy[T], fn: Callable[[T], U]) -> SearchStrategy[U]:
+    """``strategy.map(fn)``, registered when ``strategy`` is."""
+    out = strategy.map(fn)
+    if sampleable(strategy):
+        register(out, lambda d: fn(d(strategy)))
+    return out
+
+
+def filtered(
+    strategy: SearchStrategy[T], keep: Callable[[T], bool], tries: int = 1000
+) -> SearchStrategy[T]:
+    """``strategy.filter(keep)``, registered when ``strategy`` is: a random draw retries up
+    to ``tries`` times, then gives up with ``LookupError`` (the pool then asks Hypothesis)."""
+    out = strategy.filter(keep)
+
+    def sampler(d: RandomDraw) -> T:
+        for _ in range(tries):
+            found = d(strategy)
+            if keep(found):
+                return found
+        raise LookupError(f"no draw of {strategy!r} passed the filter in {tries} tries")
+
+    if sampleable(strategy):
+        register(out, sampler)
+    return out
