@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
+import re
 import traceback
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -96,12 +99,78 @@ def guarded_call(
         return fn(**kwargs)
     except Exception as exc:  # the function's own error is the finding
         frames = traceback.format_exception_only(type(exc), exc)
-        raise Verdict(f"the function raised on {what}: {''.join(frames).strip()}") from exc
+        text = "".join(frames).strip()
+        if isinstance(exc, AssertionError) or not str(exc):  # says nothing about where
+            text += raised_at(exc)
+        raise Verdict(f"the function raised on {what}: {text}{_shape_hint(exc, kwargs)}") from exc
     except SystemExit as exc:
         raise Verdict(
             f"the function called sys.exit({exc.code!r}) on {what}; a loss must return "
             "(or raise), never end the process"
         ) from exc
+
+
+def _kit_directories() -> tuple[Path, ...]:
+    """Where the kit's own code and torch live: frames there are not the user's code."""
+    import polgrad_reference
+
+    here = Path(__file__).resolve().parent
+    return (here, Path(polgrad_reference.__file__).resolve().parent, Path(torch.__file__).parent)
+
+
+def raised_at(exc: BaseException) -> str:
+    """`` (raised at FILE:LINE: SOURCE)`` for the innermost frame of ``exc``'s traceback
+    outside the kit and torch (a framework's own ``assert`` included), or the innermost
+    frame when every frame is theirs; ``""`` without a traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    kit = _kit_directories()
+
+    def theirs(frame: traceback.FrameSummary) -> bool:
+        path = Path(frame.filename).resolve()
+        return any(path.is_relative_to(d) for d in kit)
+
+    mine = [f for f in frames if not theirs(f)]
+    frame = (mine or list(frames))[-1]
+    name = frame.filename
+    try:
+        rel = os.path.relpath(name)
+        name = rel if not rel.startswith("..") else name
+    except ValueError:  # another drive (Windows)
+        pass
+    source = f": {frame.line.strip()}" if frame.line else ""
+    return f" (raised at {name}:{frame.lineno}{source})"
+
+
+_BROADCAST = re.compile(
+    r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) "
+    r"at non-singleton dimension (\d+)"
+)
+
+
+def _shape_hint(exc: BaseException, kwargs: Mapping[str, Any]) -> str:
+    """A hint for torch's broadcast error between the batch size B and the width T when
+    the function got a ``[B]`` tensor beside ``[B, T]`` ones: a per-sequence tensor
+    (``advantages``) used against per-token ones without ``[:, None]``."""
+    found = _BROADCAST.search(str(exc))
+    if not isinstance(exc, RuntimeError) or found is None:
+        return ""
+    sizes = {int(found.group(1)), int(found.group(2))}
+    tensors = {k: v for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+    tokens = [v.shape for v in tensors.values() if v.dim() == 2]
+    if not tokens:
+        return ""
+    b, t = tokens[0]
+    rows = [k for k, v in tensors.items() if tuple(v.shape) == (b,)]
+    if b == t or sizes != {b, t} or not rows:
+        return ""
+    names = " and ".join(repr(k) for k in rows)
+    return (
+        f"; likely cause: {names} {'has' if len(rows) == 1 else 'have'} shape [B] = [{b}] "
+        f"and the token tensors [B, T] = [{b}, {t}]: broadcasting a [B] tensor against "
+        f"[B, T] ones aligns it with T, not B (write {rows[0]}[:, None])"
+    )
 
 
 def resolve_parameters(
