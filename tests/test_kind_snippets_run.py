@@ -1,17 +1,21 @@
 """The reproduce snippet of every non-policy kind runs as printed (new-user trial): a
 deliberately wrong function of each kind fails under the marker in a pytester project
 (a module in ``tests/`` without ``__init__.py``, one function parametrized); its report's
-snippet, saved outside the project and run with a fresh ``python`` from the directory it
-names, exits 0 and prints the mismatch the report states (the same function output and
+snippet, saved outside the project and run by a fresh ``python`` from the directory it
+names, runs and prints the mismatch the report states (the same function output and
 reference value at the reported position).
 
 One in-process pytest run serves every kind; each function runs one check with a small
-example budget (every wrong function fails on the canonical corpus already).
+example budget (every wrong function fails on the canonical corpus already). One fresh
+interpreter runs every snippet (one ``import torch``), each as ``python FILE`` would: its
+own directory, ``sys.path`` without the working directory and reset between snippets, the
+project's modules a previous snippet imported dropped.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -19,6 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch  # noqa: F401  (imported before the in-process run, which drops what it imports)
+
+from pytest_polgrad.engine import build_context, run_check
+from pytest_polgrad.options import ConformanceOptions
 
 pytest_plugins = ["pytester"]
 
@@ -96,6 +104,27 @@ CASES: dict[str, tuple[str, str]] = {
 }
 
 HEAD = "  reproduce (standalone):\n"
+
+DRIVER = """
+import contextlib, io, json, os, runpy, sys, traceback
+base = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file` has it
+out = {}
+for case, path, cwd in json.loads(sys.argv[1]):
+    sys.path[:] = base  # what one snippet put on sys.path does not help the next
+    for name in [n for n, m in sys.modules.items()  # nor what it imported from the project
+                 if (getattr(m, "__file__", None) or "").startswith(cwd)]:
+        del sys.modules[name]
+    os.chdir(cwd)
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            runpy.run_path(path, run_name="__main__")
+    except BaseException:
+        out[case] = "FAILED\\n" + traceback.format_exc()
+    else:
+        out[case] = buffer.getvalue()
+print(json.dumps(out))
+"""
 RUN_FROM = re.compile(
     r"# pytest-polgrad reproduction: save it as a file and run it with python from (.*)"
 )
@@ -141,7 +170,8 @@ def test_every_kinds_snippet_runs_as_printed_and_shows_the_mismatch(
     text, root = project
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    for name, labels in CASES.items():
+    jobs, reports = [], {}
+    for name in CASES:
         report = _report(text, name)
         code = _snippet(report)
         match = RUN_FROM.search(code)
@@ -151,13 +181,40 @@ def test_every_kinds_snippet_runs_as_printed_and_shows_the_mismatch(
         assert f"from test_kinds import {name.split('[')[0]}" in code, code
         path = elsewhere / f"{name.split('[')[0]}.py"
         path.write_text(code)
-        out = subprocess.run(
-            [sys.executable, str(path)], capture_output=True, text=True, cwd=root, check=False
-        )
-        assert out.returncode == 0, f"{name}:\n{out.stderr}\n{code}"
-        _assert_mismatch(name, labels, report, out.stdout)
+        jobs.append((name, str(path), str(root)))
+        reports[name] = (report, code)
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    for name, stdout in json.loads(out.stdout).items():
+        report, code = reports[name]
+        assert not stdout.startswith("FAILED"), f"{name}:\n{stdout}\n{code}"
+        _assert_mismatch(name, CASES[name], report, stdout)
     parametrized = _snippet(_report(text, "entropy_scaled[scale=2.0]"))
     assert "entropy_scaled = functools.partial(entropy_scaled, scale=2.0)" in parametrized
+
+
+def test_an_unimportable_function_gets_the_paste_instruction() -> None:
+    """The same import path as the policy-loss snippets: a closure cannot be imported."""
+
+    def closure(x: Any, response_mask: Any) -> Any:
+        return (x * response_mask).sum() / response_mask.numel()
+
+    options = ConformanceOptions("dapo", kind="aggregation", checks=("value",))
+    result = run_check(build_context(closure, options), "value", max_examples=2, base_seed=0)
+    assert not result.passed
+    code = _snippet(result.report)
+    assert code.lstrip().startswith(
+        "# pytest-polgrad reproduction: paste the definition of closure where marked"
+    ), code
+    assert "# paste its definition (and what it uses) here, named closure." in code
+    assert "from tests." not in code and "from __main__" not in code
+    compile(code, "snippet", "exec")
 
 
 def _assert_mismatch(name: str, labels: tuple[str, str], report: str, stdout: str) -> None:
