@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from polgrad_reference import (
+    CovarianceSelection,
     DivergenceMask,
     GammaWeight,
     ISLevel,
@@ -20,6 +21,7 @@ from polgrad_reference import (
     PolicyLossConfig,
     PolicyLossOutput,
     RatioKind,
+    SoftGate,
     SurrogateKind,
     kink_ratios,
     policy_loss,
@@ -127,7 +129,7 @@ class Oracle:
         if grad:
             g_abs = g.abs()
             base = g_abs + g_abs.amax(dim=1, keepdim=True)
-            coupling = self._row_coupling(x, mask, adv)
+            coupling = self._row_coupling(x, mask, adv) * self._curvature(ratio, adv)
             grad_scale, grad_native = base * cond * coupling, base * native * coupling
             if out.kl is not None:
                 assert kl_cond is not None and kl_native is not None
@@ -148,7 +150,10 @@ class Oracle:
             grad_scale_native=grad_native,
             cond=cond,
             cond_native=native,
-            undecided=self._is_undecided(x, x["response_mask"], kink_eps, native_kinks),
+            undecided=self._is_undecided(x, x["response_mask"], kink_eps, native_kinks)
+            or self._selection_undecided(
+                x, mask, adv, ratio, kink_eps, token_native if native_kinks else token_cond
+            ),
         )
 
     def _kl_grad_scale(
@@ -182,6 +187,68 @@ class Oracle:
         lam = torch.where(pos, params.lambda_pos, params.lambda_neg)
         slope = (k - lam * torch.exp(log_w.clamp(max=50.0))).abs()
         return 1.0 + mask.sum(dim=1, keepdim=True).to(F64) * slope
+
+    def _curvature(self, ratio: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
+        """Per-token amplification of rounding in the gradient by the surrogate's
+        curvature: SAPO's gradient ``g ~ s (1 - s) r`` with ``s = sigmoid(tau (r - 1))``
+        has ``d log g / d lr = 1 + tau r (1 - 2 s)``, up to ``1 + tau r`` past the gate
+        (1 for the others: their gradient is proportional to ``r``)."""
+        params = self.config.params
+        if self.config.surrogate is not SurrogateKind.SAPO or not isinstance(params, SoftGate):
+            return torch.ones_like(ratio)
+        tau = torch.where(adv > 0, params.tau_pos, params.tau_neg)
+        gate = torch.sigmoid(tau * (ratio - 1.0))
+        return 1.0 + tau * ratio * (1.0 - 2.0 * gate).abs()
+
+    def _selection_undecided(
+        self,
+        x: Mapping[str, torch.Tensor],
+        mask: torch.Tensor,
+        adv: torch.Tensor,
+        ratio: torch.Tensor,
+        eps: float,
+        kink_cond: torch.Tensor,
+    ) -> bool:
+        """Whether rounding at this precision can change which tokens Clip-Cov / KL-Cov
+        select by ``cov = (A - mean A)(lp - mean lp)`` (arXiv:2505.22617 Sec. 4): KL-Cov's
+        ``k``-th and ``(k+1)``-th largest ``cov`` within their rounding of each other, or a
+        Clip-Cov candidate's ``cov`` within rounding of ``low``/``high`` or its ratio within
+        the kink band of a clip bound. The loss jumps by a whole token there, so the batch
+        is not judged (as a rollout-IS decision). The rounding of ``cov`` is that of its
+        two centred factors, each ``eps (|x| + (1 + log2 N) mean |x|)`` (the mean's
+        summation error, Higham Sec. 4.2), plus the product's own."""
+        params = self.config.params
+        kind = self.config.surrogate
+        if kind not in (SurrogateKind.CLIP_COV, SurrogateKind.KL_COV):
+            return False
+        if not isinstance(params, CovarianceSelection):
+            return False
+        n = int(mask.sum())
+        if n == 0:
+            return False
+        a = torch.where(mask, adv, 0.0)
+        lp = torch.where(mask, x["logprobs"], 0.0)
+        da, dl = a - a[mask].mean(), lp - lp[mask].mean()
+        cov = da * dl
+        grow = 1.0 + math.log2(n)
+        err_a = eps * (a.abs() + grow * a[mask].abs().mean())
+        err_l = eps * (lp.abs() + grow * lp[mask].abs().mean())
+        band = err_a * dl.abs() + err_l * da.abs() + eps * cov.abs()
+        if kind is SurrogateKind.KL_COV:
+            k = max(int(params.fraction * n), 1)
+            if k >= n:
+                return False
+            flat, b = cov[mask], band[mask]
+            order = torch.sort(flat, descending=True, stable=True).indices
+            top, rest = order[:k], order[k:]
+            return bool((flat[top] - b[top]).min() <= (flat[rest] + b[rest]).max())
+        near = ((cov - params.low).abs() <= band) | ((cov - params.high).abs() <= band)
+        inside = (cov > params.low - band) & (cov < params.high + band)
+        rel = eps * kink_cond
+        at_kink = torch.zeros_like(mask)
+        for bound in kink_ratios(self.config):
+            at_kink |= (ratio - bound).abs() <= rel * bound
+        return bool(((near | (inside & at_kink)) & mask).any())
 
     def _gate_kinks(
         self, x: Mapping[str, torch.Tensor], mask: torch.Tensor, band: torch.Tensor

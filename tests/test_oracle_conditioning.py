@@ -1,0 +1,110 @@
+"""Two conditioning cases the tolerance model must know, found by the random pool's
+false-alarm sweep: SAPO's gradient amplifies rounding by its curvature past the gate, and
+Clip-Cov / KL-Cov select tokens by a covariance whose near-ties rounding can flip (the
+loss jumps by a whole token, so such a batch is not judged). Each is shown to pass a
+correct function computing in float32 and to still catch a wrong one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from polgrad_reference import ALGORITHMS, policy_loss
+from pytest_polgrad.checks import CheckFailure, check_gradient, check_value
+from pytest_polgrad.engine import build_context
+from pytest_polgrad.options import parse_marker
+from pytest_polgrad.oracle import Oracle
+from pytest_polgrad.tolerance import Tolerance
+
+Tensor = torch.Tensor
+
+
+def _reference(name: str, *, float32: bool, **changes: object) -> Callable[..., Tensor]:
+    cfg = ALGORITHMS[name].loss
+    if changes:
+        cfg = cfg.replace(params=cfg.params.__class__(**{**cfg.params.__dict__, **changes}))  # type: ignore[union-attr]
+
+    def loss(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        cast = (lambda t: t.float()) if float32 else (lambda t: t)
+        out = policy_loss(
+            cfg,
+            logprobs=cast(logprobs),
+            old_logprobs=cast(old_logprobs),
+            advantages=cast(advantages),
+            response_mask=response_mask,
+        ).loss
+        return out.to(logprobs.dtype)
+
+    return loss
+
+
+# the sweep's SAPO case: one token at ratio e^1.94 = 6.9, far past the gate (A < 0)
+SAPO_TOKEN = {
+    "logprobs": torch.tensor([[-0.5042987333483735]], dtype=torch.float64),
+    "old_logprobs": torch.tensor([[-2.4434242882235298]], dtype=torch.float64),
+    "advantages": torch.tensor([-3.9269995675848253], dtype=torch.float64),
+    "response_mask": torch.tensor([[True]]),
+}
+
+
+def test_sapo_in_float32_passes_past_the_gate_and_a_wrong_tau_is_caught() -> None:
+    opts = parse_marker(("sapo",), {})
+    ok = build_context(_reference("sapo", float32=True), opts)
+    check_gradient(ok, SAPO_TOKEN)  # raised 1.02x the tolerance before the curvature term
+    wrong = build_context(_reference("sapo", float32=True, tau_neg=1.1), opts)
+    try:
+        check_gradient(wrong, SAPO_TOKEN)
+    except CheckFailure:
+        pass
+    else:
+        raise AssertionError("tau_neg 1.1 against 1.05 passed the gradient check")
+
+
+def test_the_curvature_term_is_one_where_the_gradient_is_proportional_to_r() -> None:
+    eps, native = Tolerance(torch.float32).kink_band
+    for name in ("dapo", "grpo", "cispo"):
+        oracle = Oracle(ALGORITHMS[name].loss)
+        ratio = torch.tensor([[0.5, 1.0, 7.0]], dtype=torch.float64)
+        assert bool((oracle._curvature(ratio, torch.ones_like(ratio)) == 1.0).all()), name
+    sapo = Oracle(ALGORITHMS["sapo"].loss)
+    far = sapo._curvature(torch.tensor([[6.9]], dtype=torch.float64), -torch.ones(1, 1))
+    assert float(far) > 7.0  # 1 + tau r |1 - 2 s| with tau = 1.05, s ~ 1
+
+
+def _near_tie(gap: float) -> dict[str, Tensor]:
+    """Six tokens; the top two covariances (tokens 0 and 1, ``k = 1``) differ by about
+    ``gap``."""
+    lp = torch.tensor([[-0.5, -0.5 - gap, -2.0, -2.0, -2.0, -2.0]], dtype=torch.float64)
+    adv = torch.tensor([[3.0, 3.0, 0.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    return {
+        "logprobs": lp,
+        "old_logprobs": lp - 0.01,
+        "advantages": adv,
+        "response_mask": torch.ones(1, 6, dtype=torch.bool),
+    }
+
+
+def test_a_kl_cov_selection_within_rounding_is_undecided_and_a_clear_one_is_judged() -> None:
+    oracle = Oracle(ALGORITHMS["kl_cov"].loss)
+    eps32, native = Tolerance(torch.float32).kink_band
+    eps64, _ = Tolerance(torch.float64, strict=True).kink_band
+    tie, clear = _near_tie(1e-9), _near_tie(0.05)
+    assert oracle(tie, kink_eps=eps32, native_kinks=native).undecided
+    assert not oracle(tie, kink_eps=eps64, native_kinks=native).undecided
+    assert not oracle(clear, kink_eps=eps32, native_kinks=native).undecided
+
+
+def test_kl_cov_with_a_wrong_coefficient_is_still_caught_on_a_clear_selection() -> None:
+    opts = parse_marker(("kl_cov",), {"dtype": "float32"})
+    batch = {k: (v.float() if v.is_floating_point() else v) for k, v in _near_tie(0.05).items()}
+    check_value(build_context(_reference("kl_cov", float32=True), opts), batch)
+    wrong = build_context(_reference("kl_cov", float32=True, kl_coef=2.0), opts)
+    try:
+        check_value(wrong, batch)
+    except CheckFailure:
+        pass
+    else:
+        raise AssertionError("kl_coef 2 against 1 passed the value check")
