@@ -418,7 +418,7 @@ _KIND_HELPERS = [
     '    """Print both and their largest difference (token tensors: at response positions)."""',
     "    a, e = actual.detach().double(), expected.detach().double()",
     "    for name, t in ((label, a), (against, e)):",
-    "        print(f'{name}:', t.item() if t.dim() == 0 else t.tolist() if t.numel() <= 64",
+    "        print(f'{name}:', t.item() if t.dim() == 0 else t.tolist() if t.numel() <= 256",
     "              else f'tensor of shape {list(t.shape)}')",
     "    if e.dim() < a.dim():  # a row value against the row broadcast over its tokens",
     "        e = e.reshape(e.shape + (1,) * (a.dim() - e.dim())).expand_as(a)",
