@@ -55,7 +55,12 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
     if hasattr(config, "workerinput") or exitstatus != 0:
         return
     whole = config.args_source is pytest.Config.ArgsSource.TESTPATHS
-    filtered = config.option.keyword or config.option.markexpr or config.getoption("lf", False)
+    filtered = (
+        config.option.keyword
+        or config.option.markexpr
+        or config.getoption("lf", False)
+        or config.option.collectonly  # nothing ran: nothing to hold against the claims
+    )
     claims = _claims_module() if whole and not filtered else None
     if claims is None:
         return
