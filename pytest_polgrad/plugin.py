@@ -19,6 +19,8 @@ import pytest
 
 from .collect import Target, targets
 from .options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
+from .threads import apply as apply_threads
+from .threads import parse as parse_threads
 
 MARKER = "polgrad_conforms"
 DEFAULT_SEED = 0
@@ -48,7 +50,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--polgrad-report", default=None, metavar="PATH", help="write a JSON report of all checks"
     )
+    group.addoption(
+        "--polgrad-torch-threads",
+        default=None,
+        metavar="N|auto|keep",
+        help="torch intra-op threads: auto (default) gives each pytest-xdist worker its "
+        "share of the CPUs, N sets N, keep leaves torch alone",
+    )
     parser.addini("polgrad_max_examples", "examples per polgrad check", default=None)
+    parser.addini(
+        "polgrad_torch_threads",
+        "torch intra-op threads: auto (each xdist worker its share of the CPUs), N, keep",
+        default=None,
+    )
     parser.addini(
         "polgrad_snapshot_dir",
         "directory (relative to the rootdir) for polgrad snapshots; default: syrupy's "
@@ -74,6 +88,8 @@ class Settings:
     """ini ``polgrad_max_examples``, else the budget of ini ``polgrad_profile``."""
     seed: int
     report: Path | None
+    torch_threads: str = "auto"
+    """``--polgrad-torch-threads`` / ini ``polgrad_torch_threads`` (see :mod:`.threads`)."""
 
     def max_examples(self, options: ConformanceOptions) -> int:
         """Command line (examples, then profile) > marker > ini (examples, then profile)
@@ -85,6 +101,7 @@ class Settings:
 
 
 _SETTINGS = pytest.StashKey[Settings]()
+_THREADS_SET = pytest.StashKey[bool]()
 
 
 def _positive(name: str, value: int | None) -> int | None:
@@ -141,11 +158,20 @@ def read_settings(config: pytest.Config) -> Settings:
     seed = config.getoption("--polgrad-seed")
     if seed is None:
         seed = _ini_int(config, "polgrad_seed")
+    threads = config.getoption("--polgrad-torch-threads")
+    where = "--polgrad-torch-threads"
+    if threads is None:
+        threads, where = config.getini("polgrad_torch_threads"), "ini option polgrad_torch_threads"
+    try:
+        torch_threads = parse_threads(threads, where)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     return Settings(
         cli_examples=cli,
         ini_examples=ini if ini is not None else profile,
         seed=DEFAULT_SEED if seed is None else int(seed),
         report=_report_path(config.getoption("--polgrad-report")),
+        torch_threads=torch_threads,
     )
 
 
@@ -223,6 +249,9 @@ class PolgradItem(pytest.Item):
         from .expect import judge, pin_hint
 
         s = settings(self.config)
+        if _THREADS_SET not in self.config.stash:
+            self.config.stash[_THREADS_SET] = True
+            apply_threads(s.torch_threads, self.config)
         budget = s.max_examples(self.options)
         replay = (
             f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={s.seed} "
