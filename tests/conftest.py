@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, settings
 # otherwise start an OpenMP pool as wide as the machine; on 2 cores with 2 workers a small
 # kernel (indexing a 64 x 384 batch) then costs ~10 ms of thread hand-offs instead of ~5 us.
 torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # and in the subprocesses tests start
 
 _COMMON = {
     "deadline": None,
