@@ -1,13 +1,21 @@
-"""The plugin end to end, in subprocess pytest runs (``pytester``): generated ids,
-verdicts serial vs ``-n 2``, expected deviations, options, fixtures, torch-free loading."""
+"""The plugin end to end, in pytest runs of small projects (``pytester``): generated ids,
+verdicts serial vs ``-n 2``, expected deviations, options, fixtures, torch-free loading.
+
+The runs are in-process (``tests/isolated_run.py``: cold plugin caches, the outer suite's
+state restored); only the claims that need a fresh interpreter (loading the plugin does not
+import torch; the ``python -m pytest_polgrad`` command's exit status) run a subprocess. A
+``-n 2`` run still has real worker processes."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.isolated_run import run_isolated
 
 pytest_plugins = ["pytester"]
 
@@ -48,11 +56,27 @@ def wrong(logprobs, old_logprobs, advantages, response_mask):
 ARGS = ("-p", "no:cacheprovider", "--polgrad-max-examples=15", "-p", "no:randomly")
 
 
-def _outcomes(pytester: pytest.Pytester, *extra: str) -> tuple[list[tuple[str, str]], str]:
-    report = pytester.path / f"report{len(extra)}.json"
-    result = pytester.runpytest_subprocess(*ARGS, f"--polgrad-report={report}", *extra)
-    data = json.loads(report.read_text())
-    return sorted((r["nodeid"], r["status"]) for r in data), result.stdout.str()
+EXAMPLES = Path(__file__).parents[1] / "examples"
+DEMO = EXAMPLES / "test_minitrainer_conformance.py"
+
+
+def _entries(report: Path) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = json.loads(report.read_text())
+    return data
+
+
+def _failed_reports(result: pytest.RunResult, part: str) -> list[str]:
+    """Node ids containing ``part`` with a failed collection or test report (setup, call or
+    teardown): what makes a session's exit status non-zero."""
+    reprec = result.reprec  # type: ignore[attr-defined]
+    reports = reprec.getreports("pytest_collectreport") + reprec.getreports(
+        "pytest_runtest_logreport"
+    )
+    return [
+        f"{r.nodeid} ({getattr(r, 'when', 'collect')})"
+        for r in reports
+        if r.failed and part in r.nodeid
+    ]
 
 
 @pytest.fixture
@@ -62,9 +86,29 @@ def project(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_ids_and_verdicts_identical_serial_and_xdist(project: pytest.Pytester) -> None:
-    serial, out = _outcomes(project)
-    parallel, out_n = _outcomes(project, "-n", "2")
-    assert serial == parallel
+    """One session serially and one under ``-n 2``, each running the project's losses and
+    the examples' mini trainer (``examples/test_minitrainer_conformance.py``, under the
+    repository's pytest configuration, goldens deselected there): the same ids and
+    verdicts both ways, and the examples' declared deviations are exactly their failures
+    (no failed report for an example, so ``make demo`` exits 0 both ways)."""
+    # rootdir "/": the common ancestor, so both files' node ids name their file
+    config = ("-c", str(EXAMPLES.parent / "pyproject.toml"), "--rootdir=/")
+    both = ("test_losses.py", str(DEMO), *config, "-k", "test_losses or not golden")
+    runs = []
+    for extra in ((), ("-n", "2")):
+        report = project.path / f"both{len(extra)}.json"
+        result = run_isolated(project, *ARGS, f"--polgrad-report={report}", *both, *extra)
+        demo_failed = _failed_reports(result, "test_minitrainer_conformance.py")
+        assert not demo_failed, (
+            f"the examples do not run clean {extra}: {demo_failed}\n" + result.stdout.str()[-3000:]
+        )
+        runs.append((sorted((r["nodeid"], r["status"]) for r in _entries(report)), result))
+    (every, result), (every_n, result_n) = runs
+    assert every == every_n, "ids or verdicts differ between the serial and the -n 2 run"
+    demo = [(n, s) for n, s in every if "test_minitrainer_conformance.py" in n]
+    assert len(demo) > 50, demo  # every example item reported (goldens deselected)
+    assert {s for _, s in demo} == {"passed", "xfailed"}, "examples: declared deviations"
+    serial = [(n, s) for n, s in every if "/test_losses.py::" in n]
     ids = {n.split("::")[1] for n, _ in serial}
     assert "good[dapo-value]" in ids and "good[dapo-extreme-finite]" in ids
     assert "wrong[dapo-value]" in ids and "wrong[dapo-padding-values]" not in ids
@@ -77,14 +121,14 @@ def test_ids_and_verdicts_identical_serial_and_xdist(project: pytest.Pytester) -
     assert status["declared[dapo-padding-values]"] == "passed"
     assert status["stale[dapo-deterministic]"] == "failed"
     assert status["wrong[dapo-value]"] == "failed"
-    for text in (out, out_n):
+    for text in (result.stdout.str(), result_n.stdout.str()):
         assert "polgrad conformance" in text
         assert "declared as a known deviation ('it is not') but it now passes" in text
         assert "is token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term — ppo" in text
 
 
 def test_failure_report_is_readable(project: pytest.Pytester) -> None:
-    result = project.runpytest_subprocess(*ARGS, "-k", "wrong and value")
+    result = run_isolated(project, *ARGS, "-k", "wrong and value")
     text = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "wrong does not conform to 'dapo': check 'value' failed" in text
@@ -97,11 +141,23 @@ def test_failure_report_is_readable(project: pytest.Pytester) -> None:
 
 
 def test_same_seed_same_results_and_profiles(project: pytest.Pytester) -> None:
-    first, _ = _outcomes(project, "-k", "wrong", "--polgrad-seed=7")
-    second, _ = _outcomes(project, "-k", "wrong", "--polgrad-seed=7")
+    """Two sessions with one seed, each starting with cold caches (as two processes do):
+    the same report, entry for entry (verdicts, worst errors, examples, diagnoses)."""
+    reports = []
+    for i in range(2):
+        report = project.path / f"seed7-{i}.json"
+        args = (*ARGS, f"--polgrad-report={report}", "-k", "wrong", "--polgrad-seed=7")
+        run_isolated(project, *args)
+        reports.append(_entries(report))
+    first, second = reports
+    assert [(r["nodeid"], r["status"]) for r in first] == [
+        ("test_losses.py::wrong[dapo-gradient]", "failed"),
+        ("test_losses.py::wrong[dapo-value]", "failed"),
+    ]
     assert first == second
     report = project.path / "quick.json"
-    project.runpytest_subprocess(
+    run_isolated(
+        project,
         "-p",
         "no:cacheprovider",
         "--polgrad-profile=quick",
@@ -116,9 +172,7 @@ def test_ini_options(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\npolgrad_max_examples = 5\npolgrad_seed = 3\n")
     pytester.makepyfile(test_losses=LOSSES)
     report = pytester.path / "r.json"
-    pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", f"--polgrad-report={report}", "-k", "good"
-    )
+    run_isolated(pytester, "-p", "no:cacheprovider", f"--polgrad-report={report}", "-k", "good")
     assert max(r["examples"] for r in json.loads(report.read_text())) <= 5
 
 
@@ -134,7 +188,7 @@ def test_user_hypothesis_profile_is_not_clobbered(pytester: pytest.Pytester) -> 
         "    assert settings.default.max_examples == 3\n"
         "    assert settings.default.deadline.total_seconds() == 1.234\n"
     )
-    result = pytester.runpytest_subprocess(*ARGS, "-k", "(good or profile) and not golden")
+    result = run_isolated(pytester, *ARGS, "-k", "(good or profile) and not golden")
     result.assert_outcomes(passed=10)
 
 
@@ -151,7 +205,7 @@ def test_invalid_marker_is_a_clear_collection_error(pytester: pytest.Pytester) -
         "import pytest\n\n@pytest.mark.polgrad_conforms('dapo', layuot='left')\n"
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = run_isolated(pytester, "-p", "no:cacheprovider")
     text = result.stdout.str()
     assert "f: invalid @pytest.mark.polgrad_conforms" in text
     assert "unknown option(s) ['layuot']" in text
@@ -159,7 +213,7 @@ def test_invalid_marker_is_a_clear_collection_error(pytester: pytest.Pytester) -
         "import pytest\n\n@pytest.mark.polgrad_conforms('grpo2')\n"
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = run_isolated(pytester, "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*unknown algorithm 'grpo2' (did you mean 'grpo'?); known: *"])
 
 
@@ -172,7 +226,7 @@ def test_fixtures(pytester: pytest.Pytester) -> None:
         "    assert out.loss.dtype == torch.float64\n"
         "    assert polgrad_report_type.__name__ == 'CheckResult'\n"
     )
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    run_isolated(pytester, "-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
 def test_which_command(project: pytest.Pytester) -> None:
@@ -184,32 +238,11 @@ def test_which_command(project: pytest.Pytester) -> None:
     )
 
 
-def test_the_demo_trainer_exits_clean_serial_and_xdist(pytester: pytest.Pytester) -> None:
-    """The examples' declared deviations are exactly the failures: exit 0 both ways."""
-    examples = Path(__file__).parents[1] / "examples"
-    base = ("-p", "no:cacheprovider", "--polgrad-max-examples=40", "-k", "not golden")
-    runs = []
-    for extra in ((), ("-n", "2")):
-        report = pytester.path / f"demo{len(extra)}.json"
-        result = pytester.runpytest_subprocess(
-            str(examples / "test_minitrainer_conformance.py"),
-            *base,
-            f"--polgrad-report={report}",
-            f"--rootdir={examples}",
-            *extra,
-        )
-        assert result.ret == 0, result.stdout.str()[-3000:]
-        runs.append(sorted((r["nodeid"], r["status"]) for r in json.loads(report.read_text())))
-    assert runs[0] == runs[1]
-    statuses = {s for _, s in runs[0]}
-    assert statuses == {"passed", "xfailed"}
-
-
 def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_losses=LOSSES)
     report = pytester.path / "r.json"
     # no golden is recorded yet: the golden items fail, and the table must say so
-    result = pytester.runpytest_subprocess(*ARGS, "-k", "good", f"--polgrad-report={report}")
+    result = run_isolated(pytester, *ARGS, "-k", "good", f"--polgrad-report={report}")
     text = result.stdout.str()
     row = next(line for line in text.splitlines() if line.startswith("good "))
     assert row.split()[1:6] == ["policy_loss", "dapo", "9", "1", "0"], row
@@ -223,5 +256,42 @@ def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Py
         "import pytest\n\n@pytest.mark.polgrad_conforms('dapo', expect={'micro-batch': 'x'})\n"
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
-    text = pytester.runpytest_subprocess("-p", "no:cacheprovider").stdout.str()
+    text = run_isolated(pytester, "-p", "no:cacheprovider").stdout.str()
     assert "expect= names ['micro-batch'], check(s) that do not run" in text
+
+
+def test_an_in_process_run_is_isolated_both_ways(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tests/isolated_run.py``: the inner session sees no outer xdist variables, cold
+    plugin caches and Hypothesis's default profile; afterwards the outer process has its
+    own profile, caches and modules back (the project's ``test_losses`` is dropped)."""
+    from hypothesis import settings
+
+    from pytest_polgrad import engine
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--polgrad-seed=99")
+    monkeypatch.setitem(engine._POOLS, ("outer", "sentinel"), ((), ()))
+    profile, pools = settings.get_current_profile_name(), dict(engine._POOLS)
+    pytester.makeconftest(
+        "from hypothesis import settings\n"
+        "from pytest_polgrad import engine\n"
+        "COLD = (dict(engine._POOLS), settings.get_current_profile_name())\n"
+        "settings.register_profile('inner', max_examples=2)\n"
+        "settings.load_profile('inner')\n"
+    )
+    pytester.makepyfile(
+        test_losses=LOSSES + "\n\ndef test_inside():\n"
+        "    import os\n"
+        "    from conftest import COLD\n"
+        "    assert COLD == ({}, 'default')\n"
+        "    assert 'PYTEST_XDIST_WORKER' not in os.environ\n"
+        "    assert 'PYTEST_ADDOPTS' not in os.environ\n"
+    )
+    result = run_isolated(pytester, *ARGS, "-k", "inside or (wrong and value)")
+    result.assert_outcomes(passed=1, failed=1)
+    assert "--polgrad-seed=0 --polgrad-max-examples=15" in result.stdout.str()  # not 99
+    assert settings.get_current_profile_name() == profile
+    assert dict(engine._POOLS) == pools
+    assert "test_losses" not in sys.modules and "conftest" not in sys.modules

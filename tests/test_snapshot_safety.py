@@ -1,7 +1,8 @@
 """Nothing lost on ``--snapshot-update`` (issue 15): a session that stops early (``-x``,
 ``--maxfail``, Ctrl-C, a collection error, a crashed xdist worker) deletes no snapshot, and
 an item that fails keeps its snapshot; an obsolete snapshot of a removed test is still
-deleted by a complete session. Counted as files and their SHA-256, serially and ``-n 2``.
+deleted by a complete session. Counted as files and their SHA-256, serially and ``-n 2``,
+in sessions run inside this process (``tests/isolated_run.py``).
 
 Each case is shown to lose files without the guard (``-p no:polgrad-snapshot-guard``), so
 the test can fail for the bug it names.
@@ -14,6 +15,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from tests.isolated_run import run_isolated
 
 pytest_plugins = ["pytester"]
 
@@ -106,12 +109,13 @@ def recorded(
 
 
 def _run(pytester: pytest.Pytester, workers: list[str], *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", *workers, *args, timeout=240
-    )
+    """One session in this process (``tests/isolated_run.py``); ``-n 2`` still has real
+    worker processes, so ``os._exit`` only ever runs in a worker (``crashed-worker`` has
+    no serial case: in-process it would end the test process itself)."""
+    return run_isolated(pytester, "-p", "no:cacheprovider", "-p", "no:randomly", *workers, *args)
 
 
-CASES = {
+CASES: dict[str, tuple[dict[str, object], list[str], bool, bool]] = {
     # name: (state changes, extra args, serial?, xdist?)
     "x-first-fails": ({"raise": [0]}, ["-x"], True, True),
     "maxfail-2": ({"raise": [0, 1]}, ["--maxfail=2"], True, True),
@@ -139,10 +143,12 @@ def test_an_early_stop_deletes_no_snapshot(
     _state(root, **changes)
     result = _run(pytester, workers, "--snapshot-update", *args)
     assert result.ret != 0
+    if case == "ctrl-c":  # in-process too, pytest ends the session as interrupted
+        assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
     assert _hashes(root) == before, result.stdout.str()
     result.stdout.fnmatch_lines(["*polgrad: --snapshot-update did not run every item*deleted*"])
     # The same run without the guard loses files: the test can fail for this bug.
-    if case in ("x-first-fails", "ctrl-c", "collection-error") and mode == "serial":
+    if case in ("x-first-fails", "maxfail-2", "ctrl-c", "collection-error") and mode == "serial":
         _run(pytester, workers, "--snapshot-update", *args, "-p", "no:polgrad-snapshot-guard")
         assert len(_hashes(root)) < len(before)
         _restore(root, files)

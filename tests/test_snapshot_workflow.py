@@ -1,4 +1,5 @@
-"""The golden-snapshot workflow end to end, in a real pytest subprocess, serially and with
+"""The golden-snapshot workflow end to end, in pytest sessions run inside this process
+(``tests/isolated_run.py``; ``-n 2`` has real worker processes), serially and with
 ``-n 2``: golden items (200 under ``-n 2``, 90 serially) and user snapshots are recorded,
 float noise passes, semantic changes, new, removed, corrupted and raising functions fail
 clearly, ``--snapshot-update`` accepts exactly what changed (and deletes what is unused),
@@ -16,6 +17,7 @@ import pytest
 
 from pytest_polgrad.corpus import CORPUS_VERSION
 from pytest_polgrad.snapshot import parse
+from tests.isolated_run import run_isolated
 
 SEMANTIC = range(40, 60)  # clip eps_high 0.28 -> 0.2 in step 2
 NOISY = range(0, 60)  # relative noise 3e-11 (changes the written text, within tolerance)
@@ -138,7 +140,7 @@ def loss_value(content: bytes) -> float:
 
 
 def run(pytester: pytest.Pytester, workers: list[str], *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *workers, *args, timeout=240)
+    return run_isolated(pytester, "-p", "no:cacheprovider", *workers, *args)
 
 
 def summary(result: pytest.RunResult) -> str:
