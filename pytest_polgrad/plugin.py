@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,14 @@ def pytest_configure(config: pytest.Config) -> None:
     from .guard import SnapshotGuard
 
     config.pluginmanager.register(SnapshotGuard(config), "polgrad-snapshot-guard")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Snapshot write errors belong to one session: a later session in this process (a
+    # pytester in-process run) must not report an earlier one's failed write as its own.
+    snapshot = sys.modules.get(f"{__package__}.snapshot")  # not imported: nothing to forget
+    if snapshot is not None:
+        snapshot.forget_write_errors()
 
 
 # --------------------------------------------------------------------------- items

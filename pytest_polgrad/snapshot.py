@@ -61,6 +61,7 @@ __all__ = [
     "compare",
     "explain",
     "flatten",
+    "forget_write_errors",
     "merged_text",
     "parse",
     "render",
@@ -173,6 +174,11 @@ def write_error(location: str) -> str | None:
     """The error of the last failed write of the snapshot at ``location`` in this
     process, if any (syrupy turns a failed write into a plain mismatch)."""
     return _WRITE_ERRORS.get(str(location))
+
+
+def forget_write_errors() -> None:
+    """Forget the write errors of earlier sessions in this process (at session start)."""
+    _WRITE_ERRORS.clear()
 
 
 # ------------------------------------------------------------------------ serialising

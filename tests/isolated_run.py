@@ -72,13 +72,15 @@ def _inside(module: Any, root: Path) -> bool:
         return False
 
 
-def run_isolated(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+def run_isolated(pytester: pytest.Pytester, *args: str, cold: bool = True) -> pytest.RunResult:
     """``pytester.runpytest_inprocess(*args)``, isolated as the module docstring says.
 
-    A ``KeyboardInterrupt`` inside the inner session ends it with exit code 2, as in a
+    ``cold=False`` leaves the plugin caches alone (neither emptied nor restored), as
+    consecutive in-process sessions of a user's pytester test find them. A
+    ``KeyboardInterrupt`` inside the inner session ends it with exit code 2, as in a
     subprocess; it is not raised again in the outer test."""
     profile = hypothesis.settings.get_current_profile_name()
-    saved = [(m, n, dict(getattr(m, n))) for m, n in _CACHES if hasattr(m, n)]
+    saved = [(m, n, dict(getattr(m, n))) for m, n in _CACHES if cold and hasattr(m, n)]
     dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
     last = _LastModules()
     root = pytester.path.resolve()

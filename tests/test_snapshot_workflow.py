@@ -245,3 +245,64 @@ def test_golden_lifecycle(project: pytest.Pytester, workers: list[str], n: int) 
     assert result.ret == 0, result.stdout.str()
     assert summary(result) == f"{n - len(REMOVED) + 4} snapshots passed."
     assert files(root) == after
+
+
+REFUSING = """
+import os
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def refuse_writes(monkeypatch):
+    if os.path.exists("refuse"):  # a read-only snapshot directory (we run as root here)
+        def refuse(src, dst):
+            raise PermissionError(13, "Permission denied", str(dst))
+
+        monkeypatch.setattr(os, "replace", refuse)
+"""
+
+ONE = """
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+EPS = json.loads(Path(__file__).with_name("state.json").read_text())["eps_high"]
+
+
+@pytest.mark.polgrad_conforms("dapo", checks=("golden",))
+def loss(logprobs, old_logprobs, advantages, response_mask):
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages[:, None]
+    tok = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1 + EPS))
+    return (tok * response_mask).sum() / response_mask.sum()
+"""
+
+
+def test_a_failed_write_is_not_reported_by_a_later_session(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot write error belongs to its session: a later session in the same process
+    (a user's in-process pytester runs) reports its own mismatch, not the earlier write
+    error (``pytest_polgrad.snapshot._WRITE_ERRORS`` is forgotten at session start)."""
+    from pytest_polgrad import snapshot
+
+    monkeypatch.setattr(snapshot, "_WRITE_ERRORS", {})  # this test's sessions only
+    pytester.makeconftest(REFUSING)
+    pytester.makepyfile(test_one=ONE)
+    state = pytester.path / "state.json"
+    state.write_text(json.dumps({"eps_high": 0.28}))
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly")
+    assert run_isolated(pytester, *args, "--snapshot-update", cold=False).ret == 0
+    state.write_text(json.dumps({"eps_high": 0.2}))  # a semantic change
+    (pytester.path / "refuse").write_text("")
+    refused = run_isolated(pytester, *args, "--snapshot-update", cold=False)
+    assert refused.ret == 1
+    refused.stdout.fnmatch_lines(["*could not write snapshot *loss*PermissionError*"])
+    (pytester.path / "refuse").unlink()
+    later = run_isolated(pytester, *args, cold=False)
+    assert later.ret == 1
+    text = later.stdout.str()
+    assert "golden snapshot of loss (reference dapo) does not match" in text, text
+    assert "could not write snapshot" not in text
