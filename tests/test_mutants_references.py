@@ -34,6 +34,9 @@ USER_PROJECT = {
     "tests/test_loss_conformance.py",
     "tests/test_step_conformance.py",
     "tests/test_my_properties.py",
+    "tests/test_polgrad_verl_adapter.py",  # docs/frameworks.md, marking framework code
+    "tests/test_polgrad_verl.py",
+    "tests/test_polgrad_openrlhf.py",
 }
 
 
