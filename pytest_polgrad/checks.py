@@ -229,9 +229,13 @@ def check_value(ctx: Context, batch: Batch) -> float:
         actual, ref.loss, ref.value_scale, ref.n_tokens, native_scale=ref.value_scale_native
     )
     if not cmp.ok:
+        size = (
+            f"{cmp.error:.3g}x the tolerance"
+            if math.isfinite(cmp.error)
+            else "the reference's every term is exactly 0"
+        )
         raise CheckFailure(
-            f"loss differs from the reference by {abs(actual - ref.loss):.3g} "
-            f"({cmp.error:.3g}x the tolerance)",
+            f"loss differs from the reference by {abs(actual - ref.loss):.3g} ({size})",
             numbers=[("loss", _fmt(ref.loss), _fmt(actual))],
             error=cmp.error,
         )
@@ -253,9 +257,19 @@ def _compare_grad(
         ratios = torch.where(kinks, math.inf, ratios)
     if not cmp.ok:
         n_bad = int((ratios > 1).sum())
+        zero = clear & (ref.grad_scale == 0) & torch.isinf(ratios) & torch.isfinite(ev.grad)
+        if bool(zero.any()):
+            message = (
+                f"{what} is nonzero at {int(zero.sum())} response position(s) where the "
+                "reference's is exactly 0 (no rounding can make it nonzero there)"
+            )
+        else:
+            message = (
+                f"{what} differs from the reference at {n_bad} response position(s), worst "
+                f"by {cmp.error:.3g}x the tolerance"
+            )
         raise CheckFailure(
-            f"{what} differs from the reference at {n_bad} response position(s), worst by "
-            f"{cmp.error:.3g}x the tolerance",
+            message,
             entries=_worst_entries(ratios, ref.grad, ev.grad.to(torch.float64)),
             error=cmp.error,
         )

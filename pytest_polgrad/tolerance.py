@@ -106,8 +106,9 @@ class Tolerance:
         ratio = math.inf
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * max(s, 1e-300)
-            ratio = diff / tol
+            tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * s
+            # a scale of exactly 0 (every term vanishes) admits no difference at all
+            ratio = diff / tol if tol > 0 else (math.inf if diff > 0 else 0.0)
             if ratio <= 1.0:
                 return Comparison(True, ratio, p)
         return Comparison(False, ratio, self.precisions[-1])
@@ -128,8 +129,11 @@ class Tolerance:
         ratios = torch.zeros_like(diff)
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            tol = self.factor * unit_roundoff(p) * _K * s.clamp(min=1e-300)
-            ratios = torch.where(where, diff / tol, 0.0)
+            tol = self.factor * unit_roundoff(p) * _K * s
+            # an entry whose scale is exactly 0 (the reference's gradient and every term of
+            # its scale vanish) admits no difference: inf, not a ratio to a tiny floor
+            exact = torch.where(diff > 0, torch.inf, 0.0)
+            ratios = torch.where(where, torch.where(tol > 0, diff / tol, exact), 0.0)
             worst = float(ratios.max()) if ratios.numel() else 0.0
             if worst <= 1.0:
                 return Comparison(True, worst, p), ratios
