@@ -174,6 +174,12 @@ def _clips(target: PolicyLossConfig) -> list[ClipConfig]:
         ClipConfig(None, 0.2),
         ClipConfig(None, 0.28),
     ]
+    # eps_low and eps_high passed in each other's place (a swapped argument pair)
+    base += [
+        c.replace(eps_low=c.eps_high, eps_high=c.eps_low)
+        for c in base
+        if c.eps_low is not None and c.eps_high is not None and c.eps_low != c.eps_high
+    ]
     return _unique([*base, *(_with_dual(c) for c in base)])
 
 

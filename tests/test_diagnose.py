@@ -211,3 +211,11 @@ def test_a_surrogate_parameters_are_part_of_the_description() -> None:
 
     text = describe_config(get_algorithm("sapo").loss)
     assert "sapo (tau_pos=1, tau_neg=1.05)" in text
+
+
+def test_swapped_clip_bounds_are_named() -> None:
+    """eps_low and eps_high in each other's place (new-user trial: it read "no match,
+    closest 0.3/0.3")."""
+    swapped = _reference_loss(get_algorithm("dapo").loss.replace(clip=ClipConfig(0.28, 0.2)))
+    found = _explain(swapped, "dapo")
+    assert "matches token-mean, token ratio, pg_clip eps 0.28/0.2" in found.text, found.text
