@@ -42,6 +42,9 @@ _LAZY = (
     "hypothesis.extra.pytestplugin",
     "syrupy",
     "xdist.newhooks",
+    # imported by Hypothesis under its default (random) profile, e.g. for a user's @given
+    "numpy.random",
+    "secrets",
 )
 _SKIP = ("pytest_polgrad.frameworks", "pytest_polgrad.__main__")
 
@@ -77,10 +80,15 @@ class _Modules:
         self.first: dict[str, str | None] = {}
 
     def pytest_unconfigure(self) -> None:
-        self.first = {
-            name: getattr(sys.modules[name], "__file__", None)
-            for name in set(sys.modules) - self.outer
-        }
+        self.first = {name: _where(sys.modules[name]) for name in set(sys.modules) - self.outer}
+
+
+def _where(module: Any) -> str | None:
+    """A module's file, or the first directory of a namespace package (no ``__file__``)."""
+    file = getattr(module, "__file__", None)
+    if file is None:
+        file = next(iter(getattr(module, "__path__", None) or ()), None)
+    return None if file is None else str(file)
 
 
 def _state() -> dict[str, Any]:
@@ -91,7 +99,7 @@ def _state() -> dict[str, Any]:
     from pytest_polgrad import engine, report, snapshot
 
     return {
-        "hypothesis profile": getattr(settings, "_current_profile", None),
+        "hypothesis profile": settings.get_current_profile_name(),
         "hypothesis default settings": settings.default,
         "torch threads": torch.get_num_threads(),
         "torch default dtype": torch.get_default_dtype(),

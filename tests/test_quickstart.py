@@ -4,9 +4,12 @@ Python and TOML blocks are written to the file their ``title="..."`` names (a la
 with the same title replaces the file, as the reader edits it); the TOML dependency block
 is parsed and must pin this package. ``console`` blocks hold ``$ command`` lines, each
 followed by the lines its output must contain, in order (other lines may come between),
-``*`` matching anything and every other character itself. ``pytest``
-runs as ``sys.executable -m pytest -p no:cacheprovider --polgrad-max-examples=5`` and
-``python`` as ``sys.executable``.
+``*`` matching anything and every other character itself. ``pytest`` runs with
+``-p no:cacheprovider --polgrad-max-examples=5`` added: an ``-n`` run, which starts its
+own worker processes, as ``sys.executable -m pytest``; every other one in this process
+(``pytester.runpytest_inprocess`` through tests/inline_run.py, Hypothesis's default
+profile and the page's environment for the run: the same pytest, arguments, project and
+exit status, without a fourth ``import torch``). ``python`` runs as ``sys.executable``.
 """
 
 from __future__ import annotations
@@ -18,11 +21,18 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import inline_run
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pytest depends on tomli before 3.11
     import tomli as tomllib  # type: ignore[import-not-found,no-redef,unused-ignore]
+
+pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "quickstart.md"
@@ -79,6 +89,12 @@ def argv(command: str) -> list[str]:
     if words[0] == "python":
         return [sys.executable, *words[1:]]
     return words
+
+
+def in_process(command: str) -> bool:
+    """A ``pytest`` command that starts no workers runs in the test's own process."""
+    words = shlex.split(command)
+    return words[0] == "pytest" and not any(w == "-n" or w.startswith("-n") for w in words)
 
 
 def pattern(line: str) -> re.Pattern[str]:
@@ -138,9 +154,28 @@ def test_dependency_block_pins_this_package() -> None:
     assert f"{ours['name']}=={ours['version']}" in deps
 
 
-def test_every_block_runs_as_written(tmp_path: Path) -> None:
-    project = tmp_path / "project"
-    project.mkdir()
+def _run_in_process(pytester: pytest.Pytester, command: str, env: dict[str, str]) -> Any:
+    """``(exit status, output)`` of a ``pytest`` command run in this process, with the
+    page's environment and Hypothesis's default profile (not this suite's)."""
+    from hypothesis import settings
+
+    profile = settings.get_current_profile_name()
+    with pytest.MonkeyPatch.context() as mp:
+        for name in set(os.environ) - set(env):
+            mp.delenv(name)
+        for name, value in env.items():
+            mp.setenv(name, value)
+        mp.setattr(sys, "dont_write_bytecode", True)  # PYTHONDONTWRITEBYTECODE
+        settings.load_profile("default")
+        try:
+            result = inline_run.run(pytester, *argv(command)[3:])
+        finally:
+            settings.load_profile(profile)
+    return int(result.ret), result.stdout.str() + result.stderr.str()
+
+
+def test_every_block_runs_as_written(pytester: pytest.Pytester) -> None:
+    project = pytester.path
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     env = _env()
     for block in blocks(PAGE.read_text(encoding="utf-8")):
@@ -151,19 +186,22 @@ def test_every_block_runs_as_written(tmp_path: Path) -> None:
             path.write_text(block.body + "\n", encoding="utf-8")
             continue
         for command, expected in commands(block):
-            proc = subprocess.run(
-                argv(command),
-                cwd=project,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300,
-                check=False,
-            )
-            output = proc.stdout + proc.stderr
+            if in_process(command):
+                returncode, output = _run_in_process(pytester, command, env)
+            else:
+                proc = subprocess.run(
+                    argv(command),
+                    cwd=project,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=False,
+                )
+                returncode, output = proc.returncode, proc.stdout + proc.stderr
             where = f"quickstart.md:{block.line}: $ {command}\n{output}"
             assert "Traceback (most recent call last)" not in output, where
             if not expected:
-                assert proc.returncode == 0, where
+                assert returncode == 0, where
             absent = missing(expected, output)
             assert absent is None, f"{where}\nnot found (in order): {absent!r}"
