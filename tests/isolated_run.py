@@ -14,33 +14,74 @@ session shares the process, so :func:`run_isolated` isolates it both ways:
   ``test_losses``), and the inner run must leave torch's default dtype and thread count
   alone (an assertion).
 
-Library modules the inner run imported first (torch submodules, the kit's kinds) stay
-loaded: pytester would drop them, and importing them again later makes a second copy
-(torch registering its ops twice). The heavy ones are imported here, at collection,
-before any ``Pytester`` takes its own snapshot of ``sys.modules``.
+``sys.modules``: pytester drops every module a test imported first, at the end of the
+run and again at the end of the test; a library module dropped that way is imported a
+second time later (two ``_POOLS``, two exception classes, torch registering its ops
+twice). :data:`PRELOAD` imports them up front, and :func:`run_isolated` fails, naming
+the module, when an inner run still imports a library module first.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import sys
 from pathlib import Path
 from typing import Any
 
-import execnet  # noqa: F401  (xdist's transport: an inner -n 2 controller imports it)
 import hypothesis
 import pytest
-import syrupy  # noqa: F401
 import torch
-import xdist  # type: ignore[import-untyped]  # noqa: F401
 
-import pytest_polgrad.golden  # noqa: F401
 from pytest_polgrad import engine, report, snapshot
-from pytest_polgrad.engine import kind_of
-from pytest_polgrad.options import ConformanceOptions
 
-kind_of(ConformanceOptions(reference="dapo"))  # imports the policy-loss kind and its checks
+__all__ = ["PRELOAD", "XDIST_ENV", "run_isolated"]
 
-__all__ = ["XDIST_ENV", "run_isolated"]
+_KIT = ("pytest_polgrad", "polgrad_reference", "strategies")
+_NOT_KIT = ("pytest_polgrad.frameworks", "pytest_polgrad.__main__")  # a framework; the CLI
+_LAZY = (
+    # imported on first use inside a session: by torch (symbolic shapes pull in sympy),
+    # numpy, Hypothesis, and xdist's controller under -n 2
+    "colorsys",
+    "hmac",
+    "secrets",
+    "numpy.random",
+    "torch._subclasses.schema_check_mode",
+    "torch.fx.experimental.symbolic_shapes",
+    "torch.utils._sympy.interp",
+    "torch.utils._sympy.printers",
+    "torch.utils._sympy.solve",
+    "torch.utils._sympy.value_ranges",
+    "execnet",
+    "syrupy",
+    "xdist.dsession",
+    "xdist.newhooks",
+    "xdist.remote",
+    "xdist.report",
+    "xdist.scheduler",
+    "xdist.workermanage",
+)
+
+
+def _preload() -> tuple[str, ...]:
+    names = list(_LAZY)
+    for package in _KIT:
+        try:
+            root = importlib.import_module(package)
+        except ImportError:
+            continue
+        names.append(package)
+        for info in pkgutil.walk_packages(root.__path__, package + "."):
+            if not info.name.startswith(_NOT_KIT):
+                names.append(info.name)
+    for name in names:
+        importlib.import_module(name)
+    return tuple(names)
+
+
+PRELOAD = _preload()
+"""Imported with this module, at collection, before any ``Pytester`` snapshots
+``sys.modules``: the kit's modules and the libraries a session imports lazily."""
 
 XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
 """Set in an outer xdist worker; an inner run must not see them."""
@@ -83,7 +124,9 @@ def run_isolated(pytester: pytest.Pytester, *args: str, cold: bool = True) -> py
     saved = [(m, n, dict(getattr(m, n))) for m, n in _CACHES if cold and hasattr(m, n)]
     dtype, threads = torch.get_default_dtype(), torch.get_num_threads()
     last = _LastModules()
-    root = pytester.path.resolve()
+    roots = [pytester.path.resolve()]
+    roots += [Path(a).resolve().parent for a in args if not a.startswith("-") and Path(a).exists()]
+    outer = set(sys.modules)
     try:
         with pytest.MonkeyPatch.context() as mp:
             for name in XDIST_ENV:
@@ -98,9 +141,11 @@ def run_isolated(pytester: pytest.Pytester, *args: str, cold: bool = True) -> py
             cache = getattr(module, name)
             cache.clear()
             cache.update(content)
-        for name, module in last.modules.items():
-            if name not in sys.modules and not _inside(module, root):
-                sys.modules[name] = module  # a library the inner run imported: keep it
+    first = sorted(
+        name
+        for name, module in last.modules.items()
+        if name not in outer and not any(_inside(module, root) for root in roots)
+    )
     changed = [
         f"{what} {before} -> {after}"
         for what, before, after in (
@@ -113,4 +158,8 @@ def run_isolated(pytester: pytest.Pytester, *args: str, cold: bool = True) -> py
         torch.set_default_dtype(dtype)
         torch.set_num_threads(threads)
     assert not changed, f"the inner pytest run changed the outer process: {changed}"
+    assert not first, (
+        f"the inner pytest run imported {first} first; pytester drops them and a later "
+        "import makes a second copy: add them to _LAZY in tests/isolated_run.py"
+    )
     return result
