@@ -18,7 +18,7 @@ session shares the process, so :func:`run_isolated` isolates it both ways:
 run and again at the end of the test; a library module dropped that way is imported a
 second time later (two ``_POOLS``, two exception classes, torch registering its ops
 twice). :data:`PRELOAD` imports them up front, and :func:`run_isolated` fails, naming
-the module, when an inner run still imports a library module first.
+the module, when an inner run still imports a non-stdlib library module first.
 """
 
 from __future__ import annotations
@@ -40,11 +40,8 @@ __all__ = ["PRELOAD", "XDIST_ENV", "run_isolated"]
 _KIT = ("pytest_polgrad", "polgrad_reference", "strategies")
 _NOT_KIT = ("pytest_polgrad.frameworks", "pytest_polgrad.__main__")  # a framework; the CLI
 _LAZY = (
-    # imported on first use inside a session: by torch (symbolic shapes pull in sympy),
-    # numpy, Hypothesis, and xdist's controller under -n 2
-    "colorsys",
-    "hmac",
-    "secrets",
+    # third-party modules imported on first use inside a session: by torch (symbolic
+    # shapes pull in sympy), numpy, and xdist's controller under -n 2
     "numpy.random",
     "torch._subclasses.schema_check_mode",
     "torch.fx.experimental.symbolic_shapes",
@@ -144,7 +141,9 @@ def run_isolated(pytester: pytest.Pytester, *args: str, cold: bool = True) -> py
     first = sorted(
         name
         for name, module in last.modules.items()
-        if name not in outer and not any(_inside(module, root) for root in roots)
+        if name not in outer
+        and name.partition(".")[0] not in sys.stdlib_module_names  # harmless twice
+        and not any(_inside(module, root) for root in roots)
     )
     changed = [
         f"{what} {before} -> {after}"
