@@ -1,6 +1,7 @@
 """docs/frameworks.md "Marking your own framework code": every block runs as written, as
 a test module of its own, against the installed frameworks (goldens recorded, every item
-passes)."""
+passes). A ``test_all_*`` module: it needs all three frameworks, so the default suite
+leaves it out."""
 
 from __future__ import annotations
 
