@@ -1,7 +1,7 @@
 """The plugin end to end, in pytest runs of small projects (``pytester``): generated ids,
 verdicts serial vs ``-n 2``, expected deviations, options, fixtures, torch-free loading.
 
-The runs are in-process (``tests/isolated_run.py``: cold plugin caches, the outer suite's
+The runs are in-process (``tests/inline_run.py``: cold plugin caches, the outer suite's
 state restored); only the claims that need a fresh interpreter (loading the plugin does not
 import torch; the ``python -m pytest_polgrad`` command's exit status) run a subprocess. A
 ``-n 2`` run still has real worker processes."""
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.isolated_run import run_isolated
+from tests import inline_run
 
 pytest_plugins = ["pytester"]
 
@@ -97,7 +97,9 @@ def test_ids_and_verdicts_identical_serial_and_xdist(project: pytest.Pytester) -
     runs = []
     for extra in ((), ("-n", "2")):
         report = project.path / f"both{len(extra)}.json"
-        result = run_isolated(project, *ARGS, f"--polgrad-report={report}", *both, *extra)
+        result = inline_run.run(
+            project, *ARGS, f"--polgrad-report={report}", *both, *extra, cold=True
+        )
         demo_failed = _failed_reports(result, "test_minitrainer_conformance.py")
         assert not demo_failed, (
             f"the examples do not run clean {extra}: {demo_failed}\n" + result.stdout.str()[-3000:]
@@ -128,7 +130,7 @@ def test_ids_and_verdicts_identical_serial_and_xdist(project: pytest.Pytester) -
 
 
 def test_failure_report_is_readable(project: pytest.Pytester) -> None:
-    result = run_isolated(project, *ARGS, "-k", "wrong and value")
+    result = inline_run.run(project, *ARGS, "-k", "wrong and value", cold=True)
     text = result.stdout.str()
     result.assert_outcomes(failed=1)
     assert "wrong does not conform to 'dapo': check 'value' failed" in text
@@ -147,7 +149,7 @@ def test_same_seed_same_results_and_profiles(project: pytest.Pytester) -> None:
     for i in range(2):
         report = project.path / f"seed7-{i}.json"
         args = (*ARGS, f"--polgrad-report={report}", "-k", "wrong", "--polgrad-seed=7")
-        run_isolated(project, *args)
+        inline_run.run(project, *args, cold=True)
         reports.append(_entries(report))
     first, second = reports
     assert [(r["nodeid"], r["status"]) for r in first] == [
@@ -156,7 +158,7 @@ def test_same_seed_same_results_and_profiles(project: pytest.Pytester) -> None:
     ]
     assert first == second
     report = project.path / "quick.json"
-    run_isolated(
+    inline_run.run(
         project,
         "-p",
         "no:cacheprovider",
@@ -164,6 +166,7 @@ def test_same_seed_same_results_and_profiles(project: pytest.Pytester) -> None:
         f"--polgrad-report={report}",
         "-k",
         "good",
+        cold=True,
     )
     assert max(r["examples"] for r in json.loads(report.read_text())) <= 20
 
@@ -172,7 +175,9 @@ def test_ini_options(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\npolgrad_max_examples = 5\npolgrad_seed = 3\n")
     pytester.makepyfile(test_losses=LOSSES)
     report = pytester.path / "r.json"
-    run_isolated(pytester, "-p", "no:cacheprovider", f"--polgrad-report={report}", "-k", "good")
+    inline_run.run(
+        pytester, "-p", "no:cacheprovider", f"--polgrad-report={report}", "-k", "good", cold=True
+    )
     assert max(r["examples"] for r in json.loads(report.read_text())) <= 5
 
 
@@ -188,7 +193,7 @@ def test_user_hypothesis_profile_is_not_clobbered(pytester: pytest.Pytester) -> 
         "    assert settings.default.max_examples == 3\n"
         "    assert settings.default.deadline.total_seconds() == 1.234\n"
     )
-    result = run_isolated(pytester, *ARGS, "-k", "(good or profile) and not golden")
+    result = inline_run.run(pytester, *ARGS, "-k", "(good or profile) and not golden", cold=True)
     result.assert_outcomes(passed=10)
 
 
@@ -205,7 +210,7 @@ def test_invalid_marker_is_a_clear_collection_error(pytester: pytest.Pytester) -
         "import pytest\n\n@pytest.mark.polgrad_conforms('dapo', layuot='left')\n"
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
-    result = run_isolated(pytester, "-p", "no:cacheprovider")
+    result = inline_run.run(pytester, "-p", "no:cacheprovider", cold=True)
     text = result.stdout.str()
     assert "f: invalid @pytest.mark.polgrad_conforms" in text
     assert "unknown option(s) ['layuot']" in text
@@ -213,7 +218,7 @@ def test_invalid_marker_is_a_clear_collection_error(pytester: pytest.Pytester) -
         "import pytest\n\n@pytest.mark.polgrad_conforms('grpo2')\n"
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
-    result = run_isolated(pytester, "-p", "no:cacheprovider")
+    result = inline_run.run(pytester, "-p", "no:cacheprovider", cold=True)
     result.stdout.fnmatch_lines(["*unknown algorithm 'grpo2' (did you mean 'grpo'?); known: *"])
 
 
@@ -226,7 +231,7 @@ def test_fixtures(pytester: pytest.Pytester) -> None:
         "    assert out.loss.dtype == torch.float64\n"
         "    assert polgrad_report_type.__name__ == 'CheckResult'\n"
     )
-    run_isolated(pytester, "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    inline_run.run(pytester, "-p", "no:cacheprovider", cold=True).assert_outcomes(passed=1)
 
 
 def test_which_command(project: pytest.Pytester) -> None:
@@ -242,7 +247,7 @@ def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Py
     pytester.makepyfile(test_losses=LOSSES)
     report = pytester.path / "r.json"
     # no golden is recorded yet: the golden items fail, and the table must say so
-    result = run_isolated(pytester, *ARGS, "-k", "good", f"--polgrad-report={report}")
+    result = inline_run.run(pytester, *ARGS, "-k", "good", f"--polgrad-report={report}", cold=True)
     text = result.stdout.str()
     row = next(line for line in text.splitlines() if line.startswith("good "))
     assert row.split()[1:6] == ["policy_loss", "dapo", "9", "1", "0"], row
@@ -256,42 +261,5 @@ def test_summary_counts_failed_golden_and_stray_expectations(pytester: pytest.Py
         "import pytest\n\n@pytest.mark.polgrad_conforms('dapo', expect={'micro-batch': 'x'})\n"
         "def f(logprobs, old_logprobs, advantages, response_mask):\n    return logprobs.sum()\n"
     )
-    text = run_isolated(pytester, "-p", "no:cacheprovider").stdout.str()
+    text = inline_run.run(pytester, "-p", "no:cacheprovider", cold=True).stdout.str()
     assert "expect= names ['micro-batch'], check(s) that do not run" in text
-
-
-def test_an_in_process_run_is_isolated_both_ways(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``tests/isolated_run.py``: the inner session sees no outer xdist variables, cold
-    plugin caches and Hypothesis's default profile; afterwards the outer process has its
-    own profile, caches and modules back (the project's ``test_losses`` is dropped)."""
-    from hypothesis import settings
-
-    from pytest_polgrad import engine
-
-    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
-    monkeypatch.setenv("PYTEST_ADDOPTS", "--polgrad-seed=99")
-    monkeypatch.setitem(engine._POOLS, ("outer", "sentinel"), ((), ()))
-    profile, pools = settings.get_current_profile_name(), dict(engine._POOLS)
-    pytester.makeconftest(
-        "from hypothesis import settings\n"
-        "from pytest_polgrad import engine\n"
-        "COLD = (dict(engine._POOLS), settings.get_current_profile_name())\n"
-        "settings.register_profile('inner', max_examples=2)\n"
-        "settings.load_profile('inner')\n"
-    )
-    pytester.makepyfile(
-        test_losses=LOSSES + "\n\ndef test_inside():\n"
-        "    import os\n"
-        "    from conftest import COLD\n"
-        "    assert COLD == ({}, 'default')\n"
-        "    assert 'PYTEST_XDIST_WORKER' not in os.environ\n"
-        "    assert 'PYTEST_ADDOPTS' not in os.environ\n"
-    )
-    result = run_isolated(pytester, *ARGS, "-k", "inside or (wrong and value)")
-    result.assert_outcomes(passed=1, failed=1)
-    assert "--polgrad-seed=0 --polgrad-max-examples=15" in result.stdout.str()  # not 99
-    assert settings.get_current_profile_name() == profile
-    assert dict(engine._POOLS) == pools
-    assert "test_losses" not in sys.modules and "conftest" not in sys.modules

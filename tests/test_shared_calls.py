@@ -19,6 +19,7 @@ from pytest_polgrad import ConformanceError, assert_conforms
 from pytest_polgrad.engine import NON_DETERMINISTIC, build_context, run_check
 from pytest_polgrad.options import parse_marker
 from pytest_polgrad.targets import CallStore
+from tests import inline_run
 from tests import sample_losses as L
 
 pytest_plugins = ["pytester"]
@@ -133,8 +134,6 @@ def test_a_store_lives_no_longer_than_its_owner() -> None:
 def test_the_items_of_one_marked_function_share_its_calls(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS"):
-        monkeypatch.delenv(name, raising=False)
     pytester.makepyfile(
         test_counted="""
 import pytest
@@ -154,7 +153,7 @@ def test_zz_calls():
 """
     )
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
-    result = pytester.runpytest_inprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=12"
+    result = inline_run.run(
+        pytester, "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=12"
     )
     result.assert_outcomes(passed=3)

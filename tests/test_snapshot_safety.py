@@ -2,7 +2,7 @@
 ``--maxfail``, Ctrl-C, a collection error, a crashed xdist worker) deletes no snapshot, and
 an item that fails keeps its snapshot; an obsolete snapshot of a removed test is still
 deleted by a complete session. Counted as files and their SHA-256, serially and ``-n 2``,
-in sessions run inside this process (``tests/isolated_run.py``).
+in sessions run inside this process (``tests/inline_run.py``, cold).
 
 Each case is shown to lose files without the guard (``-p no:polgrad-snapshot-guard``), so
 the test can fail for the bug it names.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.isolated_run import run_isolated
+from tests import inline_run
 
 pytest_plugins = ["pytester"]
 
@@ -109,10 +109,12 @@ def recorded(
 
 
 def _run(pytester: pytest.Pytester, workers: list[str], *args: str) -> pytest.RunResult:
-    """One session in this process (``tests/isolated_run.py``); ``-n 2`` still has real
+    """One session in this process (``tests/inline_run.py``, cold); ``-n 2`` still has real
     worker processes, so ``os._exit`` only ever runs in a worker (``crashed-worker`` has
     no serial case: in-process it would end the test process itself)."""
-    return run_isolated(pytester, "-p", "no:cacheprovider", "-p", "no:randomly", *workers, *args)
+    return inline_run.run(
+        pytester, "-p", "no:cacheprovider", "-p", "no:randomly", *workers, *args, cold=True
+    )
 
 
 CASES: dict[str, tuple[dict[str, object], list[str], bool, bool]] = {

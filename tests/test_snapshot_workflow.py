@@ -1,5 +1,5 @@
 """The golden-snapshot workflow end to end, in pytest sessions run inside this process
-(``tests/isolated_run.py``; ``-n 2`` has real worker processes), serially and with
+(``tests/inline_run.py``; ``-n 2`` has real worker processes), serially and with
 ``-n 2``: golden items (200 under ``-n 2``, 90 serially) and user snapshots are recorded,
 float noise passes, semantic changes, new, removed, corrupted and raising functions fail
 clearly, ``--snapshot-update`` accepts exactly what changed (and deletes what is unused),
@@ -17,7 +17,7 @@ import pytest
 
 from pytest_polgrad.corpus import CORPUS_VERSION
 from pytest_polgrad.snapshot import parse
-from tests.isolated_run import run_isolated
+from tests import inline_run
 
 SEMANTIC = range(40, 60)  # clip eps_high 0.28 -> 0.2 in step 2
 NOISY = range(0, 60)  # relative noise 3e-11 (changes the written text, within tolerance)
@@ -140,7 +140,7 @@ def loss_value(content: bytes) -> float:
 
 
 def run(pytester: pytest.Pytester, workers: list[str], *args: str) -> pytest.RunResult:
-    return run_isolated(pytester, "-p", "no:cacheprovider", *workers, *args)
+    return inline_run.run(pytester, "-p", "no:cacheprovider", *workers, *args, cold=True)
 
 
 def summary(result: pytest.RunResult) -> str:
@@ -294,14 +294,16 @@ def test_a_failed_write_is_not_reported_by_a_later_session(
     state = pytester.path / "state.json"
     state.write_text(json.dumps({"eps_high": 0.28}))
     args = ("-p", "no:cacheprovider", "-p", "no:randomly")
-    assert run_isolated(pytester, *args, "--snapshot-update", cold=False).ret == 0
+    assert inline_run.run(pytester, *args, "--snapshot-update").ret == 0
     state.write_text(json.dumps({"eps_high": 0.2}))  # a semantic change
     (pytester.path / "refuse").write_text("")
-    refused = run_isolated(pytester, *args, "--snapshot-update", cold=False)
+    refused = inline_run.run(
+        pytester, *args, "--snapshot-update", may_change=["snapshot._WRITE_ERRORS"]
+    )
     assert refused.ret == 1
     refused.stdout.fnmatch_lines(["*could not write snapshot *loss*PermissionError*"])
     (pytester.path / "refuse").unlink()
-    later = run_isolated(pytester, *args, cold=False)
+    later = inline_run.run(pytester, *args, may_change=["snapshot._WRITE_ERRORS"])
     assert later.ret == 1
     text = later.stdout.str()
     assert "golden snapshot of loss (reference dapo) does not match" in text, text

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from pytest_polgrad import threads
+from tests import inline_run
 
 pytest_plugins = ["pytester"]
 
@@ -102,18 +103,27 @@ def test_the_plugin_applies_it_at_the_first_item(
     expected: int,
 ) -> None:
     monkeypatch.setattr(threads, "_cpus", lambda: 4)
-    if workers is not None:
-        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    env = {} if workers is None else {"PYTEST_XDIST_WORKER_COUNT": workers}
     monkeypatch.syspath_prepend(str(Path(__file__).parents[1]))
     torch.set_num_threads(5)
     pytester.makepyfile(test_threads=PROJECT.format(expected=expected))
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", *args)
+    # setting torch's threads is the plugin's job here; _restore_threads puts them back
+    result = inline_run.run(
+        pytester,
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        *args,
+        env=env,
+        may_change=["torch threads"],
+    )
     result.assert_outcomes(passed=2)
 
 
 def test_a_bad_value_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makeini("[pytest]\npolgrad_torch_threads = lots\n")
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result = inline_run.run(pytester, "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
         [
