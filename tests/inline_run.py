@@ -148,6 +148,18 @@ def _changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return out
 
 
+def _describe(old: Any, new: Any) -> str:
+    """What changed, briefly: a cache's keys added, removed and replaced, or a value."""
+    if not isinstance(old, dict):
+        return f"{old!r} -> {new!r}"
+    parts = {
+        "added": [k for k in new if k not in old],
+        "removed": [k for k in old if k not in new],
+        "replaced": [k for k in old if k in new and new[k] is not old[k]],
+    }
+    return ", ".join(f"{what} {keys[:3]!r}" for what, keys in parts.items() if keys)
+
+
 def _restore(before: dict[str, Any]) -> None:
     """Put back the process-wide settings an inner run changed (not the caches)."""
     settings.load_profile(before["hypothesis profile"])
@@ -222,10 +234,13 @@ def run(
             cache = getattr(module, name)
             cache.clear()
             cache.update(content)
-    changed = [name for name in _changed(before, _state()) if name not in may_change]
+    after = _state()
+    changed = [name for name in _changed(before, after) if name not in may_change]
     if changed:
         _restore(before)
-    assert not changed, f"the in-process run changed the outer process's {changed}"
+    assert not changed, f"the in-process run changed the outer process's {changed}: " + "; ".join(
+        _describe(before[name], after[name]) for name in changed
+    )
     roots = [Path(pytester.path).resolve()]
     roots += [Path(a).resolve().parent for a in args if not a.startswith("-") and Path(a).exists()]
     first = sorted(name for name, file in modules.first.items() if not _inside(file, roots))
