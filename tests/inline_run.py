@@ -46,7 +46,7 @@ from hypothesis import settings
 
 from pytest_polgrad import engine, report, snapshot
 
-__all__ = ["PRELOAD", "XDIST_ENV", "run"]
+__all__ = ["PRELOAD", "STATE", "XDIST_ENV", "run"]
 
 _KIT = ("pytest_polgrad", "polgrad_reference", "strategies")
 _NOT_KIT = ("pytest_polgrad.frameworks", "pytest_polgrad.__main__")  # a framework; the CLI
