@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch  # noqa: F401  (imported before the in-process run, which drops what it imports)
 
 from pytest_polgrad.engine import build_context, run_check
 from pytest_polgrad.options import ConformanceOptions
+from tests import inline_run
 
 pytest_plugins = ["pytester"]
 
@@ -269,13 +269,11 @@ def _printed(stdout: str, label: str) -> Any:
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS"):
-        monkeypatch.delenv(name, raising=False)
+def project(pytester: pytest.Pytester) -> tuple[str, Path]:
     tests = pytester.mkdir("tests")
     (tests / "test_kinds.py").write_text(PROJECT)
-    result = pytester.runpytest_inprocess(
-        "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist",
+    result = inline_run.run(
+        pytester, "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:xdist",
         "--polgrad-max-examples=4",
     )  # fmt: skip
     result.assert_outcomes(failed=len(CASES))
