@@ -126,16 +126,36 @@ def importable(fn: Any, name: str = "") -> Importable:
         return Importable(attribute, None, None, run_from, where)
     found = [n for n in candidates if getattr(module, n, None) is fn]
     found = found or [k for k, v in vars(module).items() if v is fn and k.isidentifier()]
-    if not found:
-        return Importable(
-            attribute, None, None, run_from, f"not as a top-level name of {module_name}"
-        )
+    if not found:  # made by a factory elsewhere (e.g. a framework adapter), bound to a name
+        holder = _holder(fn, candidates)
+        if holder is None:
+            return Importable(
+                attribute, None, None, run_from, f"not as a top-level name of {module_name}"
+            )
+        module, module_name = holder
+        found = [n for n in candidates if getattr(module, n, None) is fn]
     root = _import_root(module)
     path = None
     if root is not None and not {"site-packages", "dist-packages"} & set(root.parts):
         rel = os.path.relpath(root, run_from)
         path = rel if not rel.startswith("..") else str(root)
     return Importable(found[0], str(module_name), path, run_from)
+
+
+def _holder(fn: Any, names: list[str]) -> tuple[Any, str] | None:
+    """The loaded module (outside site-packages; the first by name) that holds ``fn`` as a
+    top-level attribute under one of ``names``: where a function made by a factory in
+    another module was bound, e.g. ``loss = mark(...)(adapter(...))`` in a test module."""
+    for module_name, module in sorted(sys.modules.items()):
+        file = getattr(module, "__file__", None) or ""
+        if not file or "site-packages" in file or "dist-packages" in file:
+            continue
+        try:
+            if any(getattr(module, n, None) is fn for n in names):
+                return module, module_name
+        except Exception:  # a module whose attribute access raises
+            continue
+    return None
 
 
 def how_to_run(where: Importable) -> str:

@@ -24,6 +24,7 @@ from pytest_polgrad.options import parse_marker
 from tests import inline_run
 from tests import sample_losses as L
 from tests.snippet_driver import run_snippets
+from tests.test_sweep_correct import _float32_inside
 
 pytest_plugins = ["pytester"]
 
@@ -128,7 +129,14 @@ def _made_here(tmp: Path) -> dict[str, Made]:
         assert not result.passed
         return result.report
 
+    def adapter() -> str:
+        ctx = build_context(adapter_made, parse_marker(("dapo",), {}), name="adapter_made")
+        result = run_check(ctx, "value", max_examples=40, base_seed=0, replay="pytest x")
+        assert not result.passed
+        return result.report
+
     makers: dict[str, Callable[[], str]] = {
+        "adapter": adapter,
         "aliased": lambda: _failing(_dapo_log_probs, "dapo", "value"),
         "factory": lambda: _failing(factory_made, "dapo", "value"),
         "parametrized": parametrized,
@@ -244,6 +252,10 @@ def _make(hi: float) -> Callable[..., torch.Tensor]:
 factory_made = _make(0.2)
 """Collected as ``factory_made``; its ``__name__`` is ``inner``."""
 
+adapter_made = _float32_inside(L.dapo_wrong_eps)
+"""Made by a factory in another module (as a framework adapter's loss is: its
+``__module__`` is the factory's) and bound here, where pytest collects it."""
+
 
 def test_a_factory_made_function_is_imported_under_its_module_name(
     made: dict[str, Made], reproduced: dict[str, str]
@@ -251,6 +263,16 @@ def test_a_factory_made_function_is_imported_under_its_module_name(
     _, code = _made(made, "factory")
     assert "from tests.test_snippets_run import factory_made" in code
     assert "function:" in _ran(reproduced, "factory")
+
+
+def test_a_function_made_in_another_module_is_imported_where_it_is_bound(
+    made: dict[str, Made], reproduced: dict[str, str]
+) -> None:
+    """New-user trial: a framework adapter's loss bound to a name in a test module read
+    "cannot be imported (not as a top-level name of pytest_polgrad.frameworks.verl)"."""
+    _, code = _made(made, "adapter")
+    assert "from tests.test_snippets_run import adapter_made" in code
+    assert "function:" in _ran(reproduced, "adapter")
 
 
 def test_an_unimportable_function_gets_a_paste_instruction() -> None:
