@@ -163,6 +163,7 @@ def read_settings(config: pytest.Config) -> Settings:
     where = "--polgrad-torch-threads"
     if threads is None:
         threads, where = config.getini("polgrad_torch_threads"), "ini option polgrad_torch_threads"
+        threads = threads or None  # an empty ini value is no value
     try:
         torch_threads = parse_threads(threads, where)
     except ValueError as exc:

@@ -8,7 +8,7 @@ realistic-size test file ran 5x slower (104 s against 20 s). ``auto`` therefore 
 xdist worker its share of the CPUs the process may run on, at the first polgrad item (so
 loading the plugin still imports no torch), unless ``OMP_NUM_THREADS`` says otherwise or
 the worker already uses fewer; outside xdist it changes nothing. An integer sets that
-many threads in any run; ``keep`` never touches torch.
+many threads in each process, at its first polgrad item; ``keep`` never touches torch.
 """
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ __all__ = ["apply", "parse", "share"]
 
 
 def parse(raw: object, where: str) -> str:
-    """``"auto"``, ``"keep"`` or a positive integer as text; ``ValueError`` otherwise."""
-    text = str(raw).strip() if raw not in (None, "") else "auto"
-    if text in ("auto", "keep") or (text.isdigit() and int(text) >= 1):
+    """``"auto"`` (also for None: not given), ``"keep"`` or a number of threads from 1 to
+    the CPUs this process may run on, as text; ``ValueError`` otherwise (torch crashes on
+    an absurd count rather than refusing it)."""
+    text = "auto" if raw is None else str(raw).strip()
+    if text in ("auto", "keep"):
         return text
-    raise ValueError(f"{where} must be 'auto', 'keep' or a positive integer, got {raw!r}")
+    cpus = _cpus()
+    if text.isdigit() and 1 <= int(text) <= cpus:
+        return text
+    raise ValueError(
+        f"{where} must be 'auto', 'keep' or a number of threads from 1 to {cpus} (the CPUs "
+        f"this process may use), got {raw!r}"
+    )
 
 
 def _cpus() -> int:
