@@ -172,7 +172,9 @@ def _compare(
     actual: torch.Tensor,
     expected: torch.Tensor,
     what: str = "advantages",
+    rows: torch.Tensor | None = None,
 ) -> float:
+    """``rows`` (bool ``[B]``): judge only those rows."""
     mask = kw["response_mask"]
     if expected.dim() == 2 and actual.dim() == 1:
         raise Verdict(
@@ -184,6 +186,8 @@ def _compare(
         expected = expected[:, None].expand_as(actual)
         scale = scale[:, None].expand_as(actual)
     where = mask if expected.dim() == 2 else torch.ones_like(expected, dtype=torch.bool)
+    if rows is not None:
+        where = where & (rows[:, None] if where.dim() == 2 else rows)
     cmp, ratios = ctx.tolerance.tensor(actual, expected, scale, where)
     if not cmp.ok:
         bad = int((ratios > 1).sum())
@@ -210,6 +214,32 @@ def _reference(ctx: AdvantagesContext, kw: Mapping[str, torch.Tensor]) -> torch.
 def _check_value(ctx: Any, kw: Mapping[str, Any]) -> float:
     actual, _ = call_advantages(ctx, kw)
     return _compare(ctx, kw, actual, _reference(ctx, kw))
+
+
+def _degenerate_rows(kw: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Bool ``[B]``: rows of singleton groups and of groups whose rewards are all equal."""
+    ids, rewards = kw["group_ids"].tolist(), kw["rewards"].tolist()
+    members: dict[int, list[int]] = {}
+    for row, label in enumerate(ids):
+        members.setdefault(label, []).append(row)
+    out = torch.zeros(len(ids), dtype=torch.bool)
+    for group in members.values():
+        if len(group) == 1 or len({rewards[r] for r in group}) == 1:
+            out[group] = True
+    return out
+
+
+def _check_degenerate(ctx: Any, kw: Mapping[str, Any]) -> float:
+    """The reference's advantages at the rows of singleton and constant-reward groups only
+    (the other rows are the value check's: a wrong std there must not be reported as a
+    singleton bug)."""
+    if "group_ids" not in kw or "rewards" not in kw:
+        return _check_value(ctx, kw)
+    rows = _degenerate_rows(kw)
+    if not bool(rows.any()):
+        return 0.0  # a corpus batch with no such group: nothing of this check's to judge
+    actual, _ = call_advantages(ctx, kw)
+    return _compare(ctx, kw, actual, _reference(ctx, kw), rows=rows)
 
 
 def _permutation(kw: Mapping[str, torch.Tensor], *, contiguous: bool) -> torch.Tensor:
@@ -422,7 +452,7 @@ _CHECKS: dict[str, KindCheck] = {
         _kind_check(
             "singleton-constant",
             "singleton and constant-reward groups get the documented advantage, not NaN",
-            _check_value,
+            _check_degenerate,
             domain="degenerate",
         ),
         _kind_check(
