@@ -435,7 +435,8 @@ _KIND_HELPERS = [
     "",
     "",
     "def show(label, actual, against, expected, mask):",
-    '    """Print both and their largest difference (token tensors: at response positions)."""',
+    '    """Print both and their largest absolute difference (token tensors: at response'
+    '    positions); the report lists positions by their error in tolerances instead."""',
     "    a, e = actual.detach().double(), expected.detach().double()",
     "    for name, t in ((label, a), (against, e)):",
     "        print(f'{name}:', t.item() if t.dim() == 0 else t.tolist() if t.numel() <= 256",
@@ -447,7 +448,7 @@ _KIND_HELPERS = [
     "        where = mask.reshape(mask.shape + (1,) * (a.dim() - 2)).expand_as(a)",
     "    diff = torch.where(where, (a - e).abs().nan_to_num(nan=float('inf')), 0.0)",
     "    pos = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))",
-    "    print('largest difference:', diff.max().item(), 'at', pos,",
+    "    print('largest absolute difference:', diff.max().item(), 'at', pos,",
     "          f'({label}', a[pos].item(), f'{against}', e[pos].item(), ')')",
     "",
     "",

@@ -362,7 +362,7 @@ def _assert_mismatch(case: str, labels: tuple[str, str], report: str, stdout: st
         assert label in stdout, (case, stdout)
         assert against in report, (case, report)
         return
-    difference = float(_line(stdout, "largest difference").split()[0])
+    difference = float(_line(stdout, "largest absolute difference").split()[0])
     assert difference > 1e-9, (case, stdout)
     if entries:  # tensors: the snippet's values at the reported positions
         for position, expected, actual in entries:
