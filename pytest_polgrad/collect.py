@@ -51,6 +51,9 @@ class Target:
     calls: CallStore = dataclasses.field(default_factory=CallStore, compare=False, repr=False)
     """Calls of ``fn`` its items share while screening (one per batch: the value and
     gradient items compare the same call)."""
+    verdicts: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    """Verdict message -> the first check that reported it in this process (the others
+    then show it in two lines)."""
 
     @property
     def label(self) -> str:

@@ -244,8 +244,34 @@ def set_entry(item: pytest.Item, entry: tuple[str, str]) -> None:
     item.user_properties.append(entry)
 
 
+def _is_verdict(report: str) -> bool:
+    return "\n  verdict " in report
+
+
 class PolgradItem(pytest.Item):
     """One check of one marked function: ``fn[<reference>-<check>]``."""
+
+    def _once(self, result: Any) -> str:
+        """The report, in full the first time this process reports a verdict (the
+        function misbehaved, e.g. raised on a valid batch) for this function; for the
+        same verdict from its other checks, the verdict and the replay line only."""
+        report = str(result.report)
+        if not _is_verdict(report):
+            return report
+        first = self.target.verdicts.setdefault(str(result.message), self.check)
+        if first == self.check:
+            return report
+        lines = report.splitlines()
+        kept = lines[:1] + [x for x in lines if x.startswith(("  property ", "  verdict "))]
+        replay = [x for x in lines if x.lstrip().startswith("replay ")]
+        return "\n".join(
+            [
+                *kept,
+                f"  (the same verdict as check {first!r} of {self.target.label}: its report "
+                "has the batch, the diagnosis and the snippet)",
+                *replay,
+            ]
+        )
 
     def __init__(self, *, target: Target, check: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -292,7 +318,7 @@ class PolgradItem(pytest.Item):
             return
         if reason is None:
             set_entry(self, _entry(self.target, self.check, data))
-            raise ConformanceFailure(result.report)
+            raise ConformanceFailure(self._once(result))
         verdict = judge(ctx, result)
         declared = {
             "reason": reason,

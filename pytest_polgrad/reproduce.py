@@ -74,6 +74,31 @@ class Importable:
     """``functools.partial`` keywords as source (``"mode='token-mean'"``) for a function
     collected with ``@pytest.mark.parametrize`` parameters bound in."""
 
+    @property
+    def call(self) -> str:
+        """The name the snippet calls the function by: ``attribute``, or
+        ``<attribute>_under_test`` when the snippet uses that name itself (a loss named
+        ``loss``, an estimator named ``advantages``)."""
+        return f"{self.attribute}_under_test" if self.attribute in SNIPPET_NAMES else self.attribute
+
+
+SNIPPET_NAMES = frozenset(
+    {
+        # modules and helpers the snippets import or define
+        "torch", "sys", "functools", "run", "reference", "same", "show", "at_padding",
+        "policy_loss", "config", "PARAMS", "inputs",
+        # names assigned in their bodies
+        "loss", "loss2", "part_loss", "grad", "grad2", "out", "out2", "kw", "batch",
+        "expected", "expected_grad", "mask", "diff", "gdiff", "t", "before", "passed",
+        "name", "param", "total", "scale", "width", "other", "noise", "fill", "extents",
+        "ref_inputs", "lp", "value", "result", "split", "info", "mb", "rows", "pos", "where",
+        # the input tensors, bound at module level
+        "logprobs", "old_logprobs", "advantages", "response_mask", "ref_logprobs",
+        "rollout_logprobs", "rewards", "group_ids", "values", "old_values", "returns",
+        "logits", "token_rewards", "dones", "loss_mat", "loss_mask",
+    }
+)  # fmt: skip
+
 
 def _import_root(module: Any) -> Path | None:
     """The ``sys.path`` entry ``module`` was imported from (its file minus its dotted name)."""
@@ -171,6 +196,7 @@ def import_lines(where: Importable) -> list[str]:
     ``where.attribute``: ``sys.path`` (the directory pytest imported the module from and
     the directory to run from), the import, the ``functools.partial`` rebinding of a
     parametrized function, or where to paste a function that cannot be imported."""
+    alias = "" if where.call == where.attribute else f" as {where.call}"
     if where.module is None:
         lines = [
             "import torch",
@@ -179,6 +205,8 @@ def import_lines(where: Importable) -> list[str]:
             f"# paste its definition (and what it uses) here, named {where.attribute}.",
             "",
         ]
+        if alias:
+            lines += [f"{where.call} = {where.attribute}  # the name the snippet calls", ""]
     elif where.path is not None:
         lines = [
             "import sys",
@@ -187,14 +215,14 @@ def import_lines(where: Importable) -> list[str]:
             "",
             f"sys.path[:0] = [{where.path!r}, '.']  # where pytest imported {where.module} "
             "from, and the directory to run from (the project's own packages)",
-            f"from {where.module} import {where.attribute}",
+            f"from {where.module} import {where.attribute}{alias}",
         ]
     else:
-        lines = ["import torch", "", f"from {where.module} import {where.attribute}"]
+        lines = ["import torch", "", f"from {where.module} import {where.attribute}{alias}"]
     if where.bound:
         lines.insert(0, "import functools")
         lines.append(
-            f"{where.attribute} = functools.partial({where.attribute}, {where.bound})"
+            f"{where.call} = functools.partial({where.call}, {where.bound})"
             "  # the parametrize parameters of the item"
         )
     return lines
@@ -254,7 +282,7 @@ def _runner(ctx: Context, where: Importable) -> list[str]:
     lines += [
         f"    kw[{lp!r}].requires_grad_(True)",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.attribute}(**kw)",
+        f"    out = {where.call}(**kw)",
         _pick_line(ctx),
         f"    (grad,) = torch.autograd.grad(loss, kw[{lp!r}])",
         "    grad = grad.cpu()",

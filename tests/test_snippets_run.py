@@ -137,6 +137,7 @@ def _made_here(tmp: Path) -> dict[str, Made]:
 
     makers: dict[str, Callable[[], str]] = {
         "adapter": adapter,
+        "named-loss": lambda: _failing(loss, "dapo", "value"),
         "aliased": lambda: _failing(_dapo_log_probs, "dapo", "value"),
         "factory": lambda: _failing(factory_made, "dapo", "value"),
         "parametrized": parametrized,
@@ -252,6 +253,18 @@ def _make(hi: float) -> Callable[..., torch.Tensor]:
 factory_made = _make(0.2)
 """Collected as ``factory_made``; its ``__name__`` is ``inner``."""
 
+
+def loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """A wrong loss named like the snippet's own variable (new-user trial: the snippet's
+    ``run`` assigned ``loss`` and then called it: UnboundLocalError)."""
+    return L.dapo_wrong_eps(logprobs, old_logprobs, advantages, response_mask)
+
+
 adapter_made = _float32_inside(L.dapo_wrong_eps)
 """Made by a factory in another module (as a framework adapter's loss is: its
 ``__module__`` is the factory's) and bound here, where pytest collects it."""
@@ -273,6 +286,14 @@ def test_a_function_made_in_another_module_is_imported_where_it_is_bound(
     _, code = _made(made, "adapter")
     assert "from tests.test_snippets_run import adapter_made" in code
     assert "function:" in _ran(reproduced, "adapter")
+
+
+def test_a_function_named_like_a_snippet_variable_is_imported_under_an_alias(
+    made: dict[str, Made], reproduced: dict[str, str]
+) -> None:
+    _, code = _made(made, "named-loss")
+    assert "from tests.test_snippets_run import loss as loss_under_test" in code
+    assert "function:" in _ran(reproduced, "named-loss")
 
 
 def test_an_unimportable_function_gets_a_paste_instruction() -> None:

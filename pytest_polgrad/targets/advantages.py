@@ -837,7 +837,7 @@ def advantages_snippet(ctx: AdvantagesContext, inputs: RewardBatch, check: KindC
         "",
         f"REFERENCE = {config_source(ref)}",
         f"TAKES = frozenset({takes!r})  # what the function takes: the reference sees the same",
-        *_run_lines(ctx, where.attribute, check.name == "no-gradient-leak"),
+        *_run_lines(ctx, where.call, check.name == "no-gradient-leak"),
         "",
         "",
         "def reference(inputs, out):",

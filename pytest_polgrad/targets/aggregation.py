@@ -397,7 +397,7 @@ def aggregation_snippet(ctx: AggContext, inputs: TokenInputs, check: KindCheck) 
         "    x = inputs['x'].detach().clone().requires_grad_(True)",
         f"    kw = {{{ctx.value_name!r}: x, {ctx.mask_name!r}: inputs['response_mask'].clone()}}",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.attribute}(**kw)",
+        f"    out = {where.call}(**kw)",
         pick_line(ctx.options.loss, "loss"),
         "    g = torch.autograd.grad(out, x)[0] if grad else None",
         "    return out.detach(), g, kw, before",

@@ -511,7 +511,7 @@ def entropy_snippet(ctx: TokenContext, inputs: LogitBatch, check: KindCheck) -> 
         "    if grad:",
         "        kw['logits'].requires_grad_(True)",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.attribute}(**kw)",
+        f"    out = {where.call}(**kw)",
         pick_line(ctx.options.loss, "entropy"),
         "    if out.numel() == 1 and out.dim() <= 1:",
         "        out = out.reshape(())",

@@ -558,7 +558,7 @@ def kl_snippet(ctx: KLContext, inputs: TokenInputs, check: KindCheck) -> str:
         "    kw = {param: lp if name == 'logprobs' else inputs[name].detach().clone()",
         "          for name, param in PARAMS.items()}",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.attribute}(**kw)",
+        f"    out = {where.call}(**kw)",
         pick_line(ctx.options.loss, "loss"),
         "    if tuple(out.shape) != tuple(mask.shape):",
         "        out = out.reshape(())",

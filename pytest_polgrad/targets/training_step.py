@@ -643,7 +643,7 @@ def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
         "            kw = dict(mb)",
         *[f"            kw[{n!r}] = info.{n}" for n in info],
         *(["            kw['step'] = info"] if "step" in ctx.takes else []),
-        f"            out = {where.attribute}(**kw)",
+        f"            out = {where.call}(**kw)",
         pick_line(ctx.options.loss, "loss", indent="            "),
         "            if out is None:  # the function ran backward itself",
         "                g, value = mb['logprobs'].grad, float('nan')",

@@ -528,7 +528,7 @@ def value_loss_snippet(ctx: TokenContext, inputs: ValueBatch, check: KindCheck) 
         "    if grad:",
         "        kw['values'].requires_grad_(True)",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.attribute}(**kw)",
+        f"    out = {where.call}(**kw)",
         pick_line(ctx.options.loss, "loss"),
         "    g = torch.autograd.grad(out, kw['values'])[0] if grad else None",
         *(["    g = left_to_right(g, extents) if grad else None"] if left else []),
