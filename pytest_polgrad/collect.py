@@ -52,8 +52,8 @@ class Target:
     """Calls of ``fn`` its items share while screening (one per batch: the value and
     gradient items compare the same call)."""
     verdicts: dict[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
-    """Verdict message -> the first check that reported it in this process (the others
-    then show it in two lines)."""
+    """Verdict message (numbers masked) -> the first check that reported it in this
+    process (the others then show it in two lines)."""
 
     @property
     def label(self) -> str:
