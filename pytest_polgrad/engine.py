@@ -288,12 +288,20 @@ def _search(
     return None, counter[0], False
 
 
+def corpus_of(kind: Kind, ctx: KindContext, check: KindCheck) -> dict[str, Any]:
+    """The canonical inputs ``check`` runs first: the kind's ``corpus_for`` hook, else its
+    whole corpus."""
+    hook = getattr(kind, "corpus_for", None)
+    found: dict[str, Any] = hook(ctx, check) if hook is not None else kind.corpus(ctx)
+    return found
+
+
 def _candidates(
     kind: Kind, ctx: KindContext, check: KindCheck, seed: int, max_examples: int
 ) -> Iterator[tuple[str, Any]]:
     """The corpus (always whole, whatever the budget), then the pool: ``max_examples``
     inputs in all when the budget exceeds the corpus."""
-    corpus = kind.corpus(ctx)
+    corpus = corpus_of(kind, ctx, check)
     for name, inputs in corpus.items():
         yield f"canonical corpus batch {name!r}", inputs
     drawn, extra = _pool(kind, ctx, check, seed, max(max_examples - len(corpus), 0))

@@ -1,7 +1,8 @@
 """``singleton-constant`` judges the rows of singleton and constant-reward groups only: a
 wrong std elsewhere is the value check's finding, not a singleton bug (new-user trial:
 population std failed singleton-constant with value's finding on a batch of four groups
-of four); a wrong singleton advantage is still caught there."""
+of four); a wrong singleton advantage is still caught there. ``extreme-values`` runs on
+its own domain only (no canonical batch has extreme reward scales)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ def test_a_wrong_singleton_advantage_fails_singleton_constant() -> None:
 
 def test_a_correct_estimator_passes_both() -> None:
     assert _failed(grpo_loop) == set()
+
+
+def test_extreme_values_reports_a_batch_of_its_own_domain() -> None:
+    try:
+        assert_conforms(
+            grpo_population_std,
+            "grpo",
+            kind="advantages",
+            checks=["extreme-values"],
+            max_examples=30,
+            seed=1,
+        )
+    except ConformanceError as exc:
+        report = exc.report.results[0].report
+    else:
+        raise AssertionError("population std passed extreme-values")
+    assert "check 'extreme-values' failed" in report
+    assert "canonical corpus" not in report  # it was the corpus's unscaled 'groups' batch

@@ -174,6 +174,10 @@ OPTIONAL_HOOKS = {
         "extra_inputs(ctx, check, seed) -> list[Inputs]: inputs added to the pool after the "
         "drawn ones (e.g. realistic sizes too costly for every drawn example)"
     ),
+    "corpus_for": (
+        "corpus_for(ctx, check) -> dict[str, Inputs]: the canonical inputs of one check, when "
+        "not all of the kind's corpus is in its domain (default: ``corpus(ctx)``)"
+    ),
     "shrink": (
         "shrink(ctx, inputs, fails) -> Inputs: a smaller failing input when Hypothesis does "
         "not reproduce a failure (``fails(x)`` says whether ``x`` still fails)"

@@ -655,6 +655,11 @@ class AdvantagesKind:
     def corpus(self, ctx: Any) -> dict[str, RewardBatch]:
         return advantage_corpus(ctx.tolerance.input_dtype, grouped=ctx.grouped)
 
+    def corpus_for(self, ctx: Any, check: KindCheck) -> dict[str, RewardBatch]:
+        """No canonical batch has extreme reward scales: ``extreme-values`` runs on its own
+        domain only (on the corpus it would repeat ``value``'s finding under its name)."""
+        return {} if check.domain == "extreme" else self.corpus(ctx)
+
     # -- reports --
 
     def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
