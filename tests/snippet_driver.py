@@ -2,7 +2,9 @@
 per snippet), each as ``python FILE`` would run it from its own directory: the snippet is
 saved as a file, the interpreter's ``sys.path`` holds neither ``''`` nor the working
 directory, and each runs as ``__main__`` after ``os.chdir`` to the directory its report
-names. A snippet that raises is reported as ``"FAILED\\n<traceback>"`` for its case only.
+names, with ``sys.path`` reset and the modules it imported from that directory dropped
+(outside site-packages), so one snippet cannot help the next. A snippet that raises is
+reported as ``"FAILED\\n<traceback>"`` for its case only.
 """
 
 from __future__ import annotations
@@ -15,9 +17,14 @@ from pathlib import Path
 
 DRIVER = """
 import contextlib, io, json, os, runpy, sys, traceback
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file`
+base = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file` has it
 out = {}
 for case, path, cwd in json.loads(sys.argv[1]):
+    sys.path[:] = base  # what one snippet put on sys.path does not help the next
+    for name in [n for n, m in sys.modules.items()  # nor what it imported from the project
+                 if (f := getattr(m, "__file__", None) or "").startswith(cwd)
+                 and "site-packages" not in f]:
+        del sys.modules[name]
     os.chdir(cwd)
     buffer = io.StringIO()
     try:

@@ -15,10 +15,7 @@ project's modules a previous snippet imported dropped.
 from __future__ import annotations
 
 import ast
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ import pytest
 from pytest_polgrad.engine import build_context, run_check
 from pytest_polgrad.options import ConformanceOptions
 from tests import inline_run
+from tests.snippet_driver import run_snippets
 
 pytest_plugins = ["pytester"]
 
@@ -216,26 +214,6 @@ CASES: dict[tuple[str, str], tuple[str, str]] = {
 
 HEAD = "  reproduce (standalone):\n"
 
-DRIVER = """
-import contextlib, io, json, os, runpy, sys, traceback
-base = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file` has it
-out = {}
-for case, path, cwd in json.loads(sys.argv[1]):
-    sys.path[:] = base  # what one snippet put on sys.path does not help the next
-    for name in [n for n, m in sys.modules.items()  # nor what it imported from the project
-                 if (getattr(m, "__file__", None) or "").startswith(cwd)]:
-        del sys.modules[name]
-    os.chdir(cwd)
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer):
-            runpy.run_path(path, run_name="__main__")
-    except BaseException:
-        out[case] = "FAILED\\n" + traceback.format_exc()
-    else:
-        out[case] = buffer.getvalue()
-print(json.dumps(out))
-"""
 RUN_FROM = re.compile(
     r"# pytest-polgrad reproduction: save it as a file and run it with python from (.*)"
 )
@@ -296,19 +274,9 @@ def test_every_kinds_snippet_runs_as_printed_and_shows_the_mismatch(
         function = name.split("[")[0]
         assert "sys.path[:0] = ['tests', '.']" in code, code
         assert f"from test_kinds import {function}" in code, code
-        path = elsewhere / f"{function}-{check}.py"
-        path.write_text(code)
-        jobs.append((f"{name} {check}", str(path), str(root)))
+        jobs.append((f"{name} {check}", code, str(root)))
         reports[f"{name} {check}"] = (report, code, CASES[name, check])
-    out = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(jobs)],
-        capture_output=True,
-        text=True,
-        cwd=elsewhere,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    results = json.loads(out.stdout)
+    results = run_snippets(jobs, elsewhere)  # saved there, each run from the project root
     assert sorted(results) == sorted(reports)
     for case, stdout in results.items():
         report, code, labels = reports[case]
