@@ -193,11 +193,19 @@ def evaluate(ctx: Context, batch: Batch) -> Evaluation:
         found: Evaluation = hit[1]
         return found
     ev = ctx.fut.call(batch)
-    store[key] = (ctx.fut.fn, dataclasses.replace(ev, inputs={}, before=None))
+    remember(store, key, (ctx.fut.fn, dataclasses.replace(ev, inputs={}, before=None)), tensors)
+    return ev
+
+
+def remember(
+    store: CallStore, key: tuple[Hashable, ...], value: object, tensors: tuple[torch.Tensor, ...]
+) -> None:
+    """``store[key] = value`` until any of ``tensors`` (whose ids ``key`` holds) is freed,
+    so a key never names other tensors; the entry refers to ``store`` weakly."""
+    store[key] = value
     owner = weakref.ref(store)
     for t in tensors:
         weakref.finalize(t, _forget, owner, key)
-    return ev
 
 
 def _forget(owner: weakref.ref[CallStore], key: tuple[Hashable, ...]) -> None:

@@ -48,8 +48,9 @@ __all__ = [
 
 
 class CallStore(dict[Any, Any]):
-    """Calls of one function shared between its checks (see :data:`SHARED_CALLS`); a dict
-    that entries can refer to weakly, so a store lives only as long as its owner."""
+    """Results of calls on batches, kept while the batches live: one function's calls
+    shared between its checks (see :data:`SHARED_CALLS`), or the oracle's. A dict that
+    entries can refer to weakly, so a store lives only as long as its owner."""
 
 
 SHARED_CALLS: contextvars.ContextVar[CallStore | None] = contextvars.ContextVar(

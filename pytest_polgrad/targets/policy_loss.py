@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import weakref
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm
 
-from ..checks import CHECKS, Check, Context
+from ..checks import CHECKS, Check, Context, remember
 from ..corpus import canonical_corpus
 from ..options import ConformanceOptions, override_keys
 from ..oracle import Oracle, OracleResult
@@ -35,7 +34,7 @@ from ..strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
 from ..strategies._values import _column_aims, base_floor
 from ..target import FunctionUnderTest
 from ..tolerance import Tolerance
-from . import Diagnosis, KindCheck
+from . import CallStore, Diagnosis, KindCheck
 
 __all__ = [
     "KIND",
@@ -78,11 +77,8 @@ class PolicyLossContext(Context):
 
 # ---- oracle results, shared by every check and function ------------------------------
 
-_ORACLE_CACHE: dict[tuple[Hashable, ...], OracleResult] = {}
-
-
-def _forget(key: tuple[Hashable, ...]) -> None:
-    _ORACLE_CACHE.pop(key, None)
+_ORACLE_CACHE = CallStore()
+"""(config, kink band, batch tensor ids) -> :class:`OracleResult`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,13 +97,11 @@ class SharedOracle(Oracle):
         tensors = tuple(batch[k] for k in sorted(batch))
         settings = tuple(sorted(options.items()))
         key: tuple[Hashable, ...] = (self.config, settings, *map(id, tensors))
-        hit = _ORACLE_CACHE.get(key)
+        hit: OracleResult | None = _ORACLE_CACHE.get(key)
         if hit is not None:
             return hit
         result = super().__call__(batch, grad=True, **options)
-        _ORACLE_CACHE[key] = result
-        for t in tensors:
-            weakref.finalize(t, _forget, key)
+        remember(_ORACLE_CACHE, key, result, tensors)
         return result
 
 
