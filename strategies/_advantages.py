@@ -14,6 +14,7 @@ from ._cache import BOOLS, choice, ints
 from ._domain import safe_magnitudes
 from ._masks import Hole, draw_choices
 from ._plan import AdvantagePattern, AdvantagePlan, AdvantageShape, TokenTarget, stream
+from ._sample import composite
 from ._validate import check_choice, check_domain, check_dtype, check_int
 
 __all__ = [
@@ -189,7 +190,6 @@ def advantages(
     dom = check_domain(domain)
     mags = safe_magnitudes(dom, dt)
 
-    @st.composite
     def _advantages(draw: st.DrawFn) -> torch.Tensor:
         plan = draw_advantage_plan(draw, batch=batch_size, shape=shape, magnitudes=mags)
         seed = draw(ints(0, 2**32 - 1))
@@ -197,4 +197,4 @@ def advantages(
             plan, extents=(width,) * batch_size, width=width, holes=(), dtype=dt, seed=seed
         )
 
-    return _advantages()
+    return composite(_advantages)

@@ -12,6 +12,7 @@ from polgrad_reference.registry import ALGORITHMS
 
 from ._cache import BOOLS, choice
 from ._domain import DEFAULT_CLIPS
+from ._sample import composite
 from ._validate import check_bool
 
 __all__ = ["algorithm_names", "loss_configs"]
@@ -59,7 +60,6 @@ def loss_configs(
     names = _names(algorithms)
     check_bool("vary", vary)
 
-    @st.composite
     def _configs(draw: st.DrawFn) -> PolicyLossConfig:
         config = ALGORITHMS[draw(choice(names))].loss
         if not vary:
@@ -73,4 +73,4 @@ def loss_configs(
         )
         return varied
 
-    return _configs()
+    return composite(_configs)

@@ -20,7 +20,7 @@ from ._groups import draw_group_plan
 from ._layout import Layout
 from ._masks import Positions, draw_choices, draw_extents, draw_holes, draw_size, draw_width
 from ._plan import AdvantageShape, BatchPlan, Padding, RefPlan, RolloutPlan
-from ._sample import register
+from ._sample import composite
 from ._validate import (
     check_bool,
     check_choice,
@@ -194,4 +194,4 @@ def batches(
         )
         return build(plan)
 
-    return register(st.composite(_batch)(), _batch)
+    return composite(_batch)

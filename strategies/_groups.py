@@ -17,6 +17,7 @@ from ._cache import choice
 from ._domain import safe_magnitudes
 from ._masks import draw_choices, draw_size
 from ._plan import GroupPlan
+from ._sample import composite
 from ._validate import check_domain, check_dtype, check_group_fits, check_int, check_range
 
 __all__ = ["REWARD_GRID", "Groups", "build_groups", "divisors", "draw_group_plan", "groups"]
@@ -117,7 +118,6 @@ def groups(
         check_group_fits(group_size, min_batch, max_batch)
     mags = safe_magnitudes(dom, dt)
 
-    @st.composite
     def _groups(draw: st.DrawFn) -> Groups:
         if group_size is None:
             batch = draw_size(draw, min_batch, max_batch)
@@ -127,4 +127,4 @@ def groups(
         rewards, ids = build_groups(plan, dt)
         return Groups(rewards=rewards, group_ids=ids, group_size=plan.size)
 
-    return _groups()
+    return composite(_groups)

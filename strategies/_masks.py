@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ._cache import BOOLS, binary, choice, ints
 from ._layout import right_to_left
+from ._sample import composite
 from ._validate import check_bool, check_choice, check_int, check_range
 
 __all__ = [
@@ -199,12 +200,11 @@ def lengths(
     """
     _check_sizes(min_batch, max_batch, min_length, max_length)
 
-    @st.composite
     def _lengths(draw: st.DrawFn) -> tuple[int, ...]:
         batch = draw_size(draw, min_batch, max_batch)
         return draw_extents(draw, batch, min_length, max_length)
 
-    return _lengths()
+    return composite(_lengths)
 
 
 def response_masks(
@@ -227,7 +227,6 @@ def response_masks(
     check_choice("layout", layout, ("right", "left"))
     check_bool("holes", holes)
 
-    @st.composite
     def _masks(draw: st.DrawFn) -> torch.Tensor:
         batch = draw_size(draw, min_batch, max_batch)
         extents = draw_extents(draw, batch, min_length, max_length)
@@ -238,4 +237,4 @@ def response_masks(
             mask = right_to_left(mask, torch.tensor(extents, dtype=torch.int64))
         return mask
 
-    return _masks()
+    return composite(_masks)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from ._cache import BOOLS, choice, ints
-from ._sample import register
+from ._sample import composite
 from ._snippet import snippet
 from ._validate import check_bool, check_choice, check_dtype, check_int, check_range, check_real
 
@@ -232,7 +232,7 @@ def reward_batches(
             **extra,
         )
 
-    return register(st.composite(_draw)(), _draw)
+    return composite(_draw)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -311,7 +311,7 @@ def value_batches(
         }
         return ValueBatch(response_mask=mask, **out)
 
-    return register(st.composite(_draw)(), _draw)
+    return composite(_draw)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -396,4 +396,4 @@ def logit_batches(
             z = torch.where(mask[:, :, None], z, junk)
         return LogitBatch(logits=z.to(dt), response_mask=mask, pattern=pattern)
 
-    return register(st.composite(_draw)(), _draw)
+    return composite(_draw)

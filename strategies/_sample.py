@@ -18,9 +18,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import hypothesis.strategies as st
 from hypothesis.strategies import SearchStrategy
 
-__all__ = ["RandomDraw", "filtered", "mapped", "register", "sample", "sampleable"]
+__all__ = ["RandomDraw", "composite", "filtered", "mapped", "register", "sample", "sampleable"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -41,6 +42,20 @@ def register(strategy: S, sampler: Sampler) -> S:
     _SAMPLERS[key] = sampler
     weakref.finalize(strategy, _SAMPLERS.pop, key, None)
     return strategy
+
+
+@st.composite
+def _planned(draw: st.DrawFn, plan: Callable[[st.DrawFn], T]) -> T:
+    return plan(draw)
+
+
+def composite(plan: Callable[[st.DrawFn], T]) -> SearchStrategy[T]:
+    """``st.composite(plan)()``, registered with ``plan`` as its sampler.
+
+    One module-level composite runs every plan: ``st.composite`` itself re-reads and parses
+    the decorated function's source each time it is applied (about 3 ms), which a strategy
+    built per pool, or per drawn step, would pay every time."""
+    return register(_planned(plan), plan)
 
 
 def sampleable(strategy: object) -> bool:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from ._cache import choice, ints, permutations, subsets
-from ._sample import register
+from ._sample import composite
 from ._validate import check_choice, check_int
 
 __all__ = ["SPLIT_FAMILIES", "Split", "StepInfo", "splits"]
@@ -290,7 +290,7 @@ def splits(
         extra_tokens = draw(ints(extra_rows, max(extra_rows, later * sum(lens) * 2)))
         return Split(ranks, s, outside_tokens=extra_tokens, outside_rows=extra_rows)
 
-    return register(st.composite(_splits)(), _splits)
+    return composite(_splits)
 
 
 def _families(rows: int) -> tuple[str, ...]:

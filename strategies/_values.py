@@ -29,6 +29,7 @@ from ._cache import choice, ints
 from ._domain import DEFAULT_CLIPS, Boundary, Domain, boundaries
 from ._masks import Hole, Positions, draw_choices, valid_positions
 from ._plan import SeqTarget, Style, TokenTarget, ValuePlan, stream
+from ._sample import composite
 from ._validate import check_clips, check_domain, check_dtype, check_int, check_real
 
 __all__ = [
@@ -341,7 +342,6 @@ def logprobs(
     dt = check_dtype(dtype)
     dom = check_domain(domain)
 
-    @st.composite
     def _logprobs(draw: st.DrawFn) -> torch.Tensor:
         style = draw(_STYLES)
         scale, power = draw(choice(dom.base_shapes))
@@ -353,7 +353,7 @@ def logprobs(
             flat[0, draw(ints(0, numel - 1))] = draw(choice(dom.rare_values))
         return flat.to(dt).reshape(dims)
 
-    return _logprobs()
+    return composite(_logprobs)
 
 
 def log_ratio_gaps(

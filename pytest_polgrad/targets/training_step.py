@@ -47,7 +47,7 @@ from ..reproduce import (
 )
 from ..snapshot import EntryScale, Tolerant
 from ..strategies import batches
-from ..strategies._sample import register
+from ..strategies._sample import composite
 from ..strategies._snippet import snippet as tensor_snippet
 from ..strategies._splits import Split, StepInfo, splits
 from ..target import Verdict, _pick_loss
@@ -410,7 +410,7 @@ class TrainingStepKind:
             lengths = tensors["response_mask"].sum(dim=1).tolist()
             return StepInputs(tensors, draw(splits(lengths, family=family)))
 
-        return register(st.composite(_steps)(), _steps)
+        return composite(_steps)
 
     def pool_key(self, ctx: Any, check: KindCheck) -> tuple[object, ...]:
         """Checks of one split family share drawn steps (across functions, too)."""
