@@ -165,3 +165,27 @@ def test_through_the_marker(pytester: pytest.Pytester, monkeypatch: pytest.Monke
     result = inline_run.run(pytester, *args, "test_declared.py", "-k", "golden_pins")
     result.assert_outcomes(failed=1, xfailed=1)
     assert "golden snapshot of golden_pins (reference dapo) does not match" in result.stdout.str()
+
+
+def test_a_known_deviation_is_reported_by_its_message_alone(pytester: pytest.Pytester) -> None:
+    """An excused item's report is its message, never a traceback through the kit (pytest
+    renders one for every xfailed item even though it shows only the reason; parsing each
+    frame's source cost about 0.1-0.2 s per item). Under ``--runxfail`` (where
+    ``pytest.xfail`` does nothing) the item fails, saying why, with the report."""
+    helpers = Path(__file__).read_text()
+    pytester.makepyfile(expect_helpers=helpers, test_declared=MODULE)
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=5")
+    result = inline_run.run(pytester, *args, "test_declared.py", "-k", "ok")
+    result.assert_outcomes(xfailed=1)
+    reprec: pytest.HookRecorder = result.reprec  # type: ignore[attr-defined]
+    (report,) = [r for r in reprec.getreports("pytest_runtest_logreport") if r.when == "call"]
+    assert report.longrepr == report.wasxfail
+    assert report.wasxfail.startswith(f"known deviation: {REASON} (pin its size with expect=")
+
+    result = inline_run.run(pytester, *args, "test_declared.py", "-k", "ok", "--runxfail")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert f"ok: check 'value': known deviation: {REASON} (pin its size with expect=" in text
+    assert "it is excused by expect=, and reported as a failure because of --runxfail" in text
+    assert "ok does not conform to 'dapo': check 'value' failed" in text  # the report
+    assert "does not excuse" not in text and "Traceback" not in text
