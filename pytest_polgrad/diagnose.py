@@ -294,7 +294,14 @@ def _replace_kl(target: PolicyLossConfig, **changes: Any) -> Any:
 
 
 def _loss_at(cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor]) -> float:
-    return Oracle(cfg)(batch, kink_eps=0.0, grad=False).loss
+    return Oracle(cfg).value(batch)[0]
+
+
+def _terms(cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor]) -> tuple[float, float]:
+    """``(policy term, KL term)`` of ``cfg`` on ``batch``: its loss is their sum."""
+    out = Oracle(cfg).reference(batch)
+    kl = out.kl_loss
+    return float(out.policy_loss), 0.0 if kl is None else float(kl)
 
 
 def _solve(
@@ -334,14 +341,8 @@ def _fitted(
             budget = round(1.0 / inverse)
             return _replace(cfg, budget=budget) if budget >= 1 else None
         if cfg.kl_in_loss and cfg.kl is not None:
-            zero = cfg.replace(kl=cfg.kl.replace(coef=0.0))
             unit = cfg.replace(kl=cfg.kl.replace(coef=1.0))
-
-            def parts(b: Mapping[str, torch.Tensor]) -> tuple[float, float]:
-                a = _loss_at(zero, b)
-                return a, _loss_at(unit, b) - a
-
-            coef = _solve(corpus, observed, parts)
+            coef = _solve(corpus, observed, lambda b: _terms(unit, b))
             if coef is None or coef <= 0:
                 return None
             return _replace(cfg, kl=cfg.kl.replace(coef=float(f"{coef:.6g}")))
@@ -504,10 +505,10 @@ def _value_error(
     cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor], loss: float, tolerance: Tolerance
 ) -> float:
     try:
-        ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest, grad=False)
+        expected, scale, n_tokens = Oracle(cfg).value(batch)
     except PolgradError:
         return math.inf
-    return tolerance.value(loss, ref.loss, ref.value_scale, ref.n_tokens).error
+    return tolerance.value(loss, expected, scale, n_tokens).error
 
 
 # ----------------------------------------------------------------------- explanation

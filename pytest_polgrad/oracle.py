@@ -95,16 +95,12 @@ class Oracle:
         |logprobs| + |old_logprobs|)`` otherwise (:attr:`Tolerance.kink_band` gives both).
         With ``grad=False`` the backward pass is skipped and the gradient fields
         (``grad``, ``grad_scale``, ``ambiguous``) are zeros."""
-        x = {
-            k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
-            for k in (*_CORE, *self.needs)
-        }
+        x = self._inputs(batch)
         lp = x["logprobs"].clone().requires_grad_(grad)
         out = policy_loss(self.config, **{**x, "logprobs": lp})
         g = torch.autograd.grad(out.loss, lp)[0] if grad else torch.zeros_like(lp)
         mask = out.response_mask
-        adv = x["advantages"]
-        adv = adv[:, None].expand_as(lp) if adv.dim() == 1 else adv
+        adv = self._token_advantages(x, lp)
         lp0 = torch.where(mask, x["logprobs"], 0.0)
         old0 = torch.where(mask, x["old_logprobs"], 0.0)
         token_cond = 1.0 + lp0.abs() + old0.abs()
@@ -114,11 +110,7 @@ class Oracle:
         ratio = out.ratio.detach()
 
         def scale_of(c: torch.Tensor, kl_c: torch.Tensor | None) -> float:
-            terms = out.token_loss.detach().abs() + adv.abs() * ratio * c
-            if out.kl is not None:
-                assert self.config.kl is not None and kl_c is not None
-                terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_c)
-            return float((torch.where(mask, terms, 0.0) * out.weights.abs()).sum())
+            return self._value_scale(out, adv, c, kl_c)
 
         kl_cond = kl_native = None
         if out.kl is not None:
@@ -155,6 +147,55 @@ class Oracle:
                 x, mask, adv, ratio, kink_eps, token_native if native_kinks else token_cond
             ),
         )
+
+    def value(self, batch: Mapping[str, torch.Tensor]) -> tuple[float, float, int]:
+        """``(loss, value_scale, n_tokens)`` as :meth:`__call__` gives them, without the
+        backward pass, the gradient scales or the kink data: what ranking many candidate
+        configs on the corpus needs (the diagnosis)."""
+        x = self._inputs(batch)
+        out = self.reference(batch, x)
+        with torch.no_grad():
+            mask = out.response_mask
+            cond = (
+                1.0
+                + torch.where(mask, x["logprobs"], 0.0).abs()
+                + torch.where(mask, x["old_logprobs"], 0.0).abs()
+            ).amax(dim=1, keepdim=True)
+            adv = self._token_advantages(x, x["logprobs"])
+            return out.loss.item(), self._value_scale(out, adv, cond, cond), int(mask.sum())
+
+    def reference(
+        self, batch: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor] | None = None
+    ) -> PolicyLossOutput:
+        """The reference's output on ``batch`` upcast to float64, without autograd."""
+        with torch.no_grad():
+            return policy_loss(self.config, **(self._inputs(batch) if inputs is None else inputs))
+
+    def _inputs(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors the config reads, floats upcast to float64 (exactly)."""
+        return {
+            k: (batch[k].detach().to(F64) if batch[k].is_floating_point() else batch[k])
+            for k in (*_CORE, *self.needs)
+        }
+
+    @staticmethod
+    def _token_advantages(x: Mapping[str, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        adv = x["advantages"]
+        return adv[:, None].expand_as(like) if adv.dim() == 1 else adv
+
+    def _value_scale(
+        self,
+        out: PolicyLossOutput,
+        adv: torch.Tensor,
+        cond: torch.Tensor,
+        kl_cond: torch.Tensor | None,
+    ) -> float:
+        """``sum_t |w_t| (|l_t| + |A_t| r_t cond_t [+ coef (|k_t| + kl_cond_t)])``."""
+        terms = out.token_loss.detach().abs() + adv.abs() * out.ratio.detach() * cond
+        if out.kl is not None:
+            assert self.config.kl is not None and kl_cond is not None
+            terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_cond)
+        return float((torch.where(out.response_mask, terms, 0.0) * out.weights.abs()).sum())
 
     def _kl_grad_scale(
         self, out: PolicyLossOutput, x: Mapping[str, torch.Tensor], cond: torch.Tensor

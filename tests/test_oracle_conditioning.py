@@ -6,6 +6,7 @@ correct function computing in float32 and to still catch a wrong one."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -107,3 +108,24 @@ def test_kl_cov_with_a_wrong_coefficient_is_still_caught_on_a_clear_selection() 
         pass
     else:
         raise AssertionError("kl_coef 2 against 1 passed the value check")
+
+
+def test_the_value_only_oracle_matches_the_full_one_bitwise() -> None:
+    """``Oracle.value`` (the diagnosis ranks hundreds of candidates with it) gives exactly
+    the loss, value scale and token count of the full oracle, for every registry entry
+    (KL, IS correction, selections, budgets) on every canonical batch, in float64 and
+    from bfloat16 inputs; its output's policy and KL terms sum to
+    the loss (the diagnosis fits a KL coefficient from them)."""
+    from pytest_polgrad.corpus import canonical_corpus
+
+    for dtype in (torch.float64, torch.bfloat16):
+        corpus = canonical_corpus(dtype=dtype, advantages="sequence")
+        for name, spec in ALGORITHMS.items():
+            oracle = Oracle(spec.loss)
+            for label, batch in corpus.items():
+                full = oracle(batch, kink_eps=1e-6)
+                fast = oracle.value(batch)
+                assert fast == (full.loss, full.value_scale, full.n_tokens), (name, label, dtype)
+                out = oracle.reference(batch)  # the KL fit reads the two terms from it
+                kl = 0.0 if out.kl_loss is None else float(out.kl_loss)
+                assert math.isclose(float(out.policy_loss) + kl, full.loss, rel_tol=1e-12)
