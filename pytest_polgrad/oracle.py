@@ -20,6 +20,7 @@ from polgrad_reference import (
     ISMode,
     PolicyLossConfig,
     PolicyLossOutput,
+    QuadraticPenalty,
     RatioKind,
     SoftGate,
     SurrogateKind,
@@ -110,7 +111,7 @@ class Oracle:
         ratio = out.ratio.detach()
 
         def scale_of(c: torch.Tensor, kl_c: torch.Tensor | None) -> float:
-            return self._value_scale(out, adv, c, kl_c)
+            return self._value_scale(out, x, adv, c, kl_c)
 
         kl_cond = kl_native = None
         if out.kl is not None:
@@ -162,7 +163,7 @@ class Oracle:
                 + torch.where(mask, x["old_logprobs"], 0.0).abs()
             ).amax(dim=1, keepdim=True)
             adv = self._token_advantages(x, x["logprobs"])
-            return out.loss.item(), self._value_scale(out, adv, cond, cond), int(mask.sum())
+            return out.loss.item(), self._value_scale(out, x, adv, cond, cond), int(mask.sum())
 
     def reference(
         self, batch: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor] | None = None
@@ -186,12 +187,21 @@ class Oracle:
     def _value_scale(
         self,
         out: PolicyLossOutput,
+        x: Mapping[str, torch.Tensor],
         adv: torch.Tensor,
         cond: torch.Tensor,
         kl_cond: torch.Tensor | None,
     ) -> float:
-        """``sum_t |w_t| (|l_t| + |A_t| r_t cond_t [+ coef (|k_t| + kl_cond_t)])``."""
-        terms = out.token_loss.detach().abs() + adv.abs() * out.ratio.detach() * cond
+        """``sum_t |w_t| (|l_t| + (|A_t| r_t + p_t) cond_t [+ coef (|k_t| + kl_cond_t)])``:
+        a rounding of the inputs by ``cond`` moves the token loss by its slope in the
+        log-ratio, ``|A| r`` for every surrogate plus DRO's penalty slope ``p = beta |lr|``
+        (``beta/2 lr^2``: it does not vanish with the advantage)."""
+        slope = adv.abs() * out.ratio.detach()
+        params = self.config.params
+        if self.config.surrogate is SurrogateKind.DRO and isinstance(params, QuadraticPenalty):
+            lr = torch.where(out.response_mask, x["logprobs"] - x["old_logprobs"], 0.0)
+            slope = slope + params.beta * lr.abs()
+        terms = out.token_loss.detach().abs() + slope * cond
         if out.kl is not None:
             assert self.config.kl is not None and kl_cond is not None
             terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_cond)

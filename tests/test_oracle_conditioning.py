@@ -64,6 +64,29 @@ def test_sapo_in_float32_passes_past_the_gate_and_a_wrong_tau_is_caught() -> Non
         raise AssertionError("tau_neg 1.1 against 1.05 passed the gradient check")
 
 
+
+# the sweep's DRO case: one token with advantage 0, so the loss is the penalty
+# beta/2 lr^2 alone, computed in float32 from logprobs near -20
+DRO_TOKEN = {
+    "logprobs": torch.tensor([[-20.223142385482788]], dtype=torch.float64),
+    "old_logprobs": torch.tensor([[-20.0]], dtype=torch.float64),
+    "advantages": torch.tensor([0.0], dtype=torch.float64),
+    "response_mask": torch.tensor([[True]]),
+}
+
+
+def test_dro_in_float32_at_zero_advantage_passes_and_a_wrong_beta_is_caught() -> None:
+    opts = parse_marker(("dro",), {})
+    ok = build_context(_reference("dro", float32=True), opts)
+    check_value(ok, DRO_TOKEN)  # raised 1.11x the tolerance before the penalty slope term
+    wrong = build_context(_reference("dro", float32=True, beta=1.001), opts)
+    try:
+        check_value(wrong, DRO_TOKEN)
+    except CheckFailure:
+        pass
+    else:
+        raise AssertionError("beta 1.001 against 1.0 passed the value check")
+
 def test_the_curvature_term_is_one_where_the_gradient_is_proportional_to_r() -> None:
     for name in ("dapo", "grpo", "cispo"):
         oracle = Oracle(ALGORITHMS[name].loss)

@@ -287,10 +287,10 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/test_target_aggregation.py::test_wrong_aggregation_is_flagged",
     ),
     Claim(
-        "every correct loss passes every check on 60 drawn batches per check (5 seeds), in "
+        "every correct loss passes every check on 60 pooled batches per check, in "
         "float64, float32 inside, float32 and bfloat16 inputs (no false alarm)",
         "tolerance.md",
-        "tests/test_sweep_correct.py::test_every_correct_loss_passes_every_check_on_60_drawn_batches",
+        "tests/test_sweep_correct.py::test_every_correct_loss_passes_every_check_on_60_pooled_batches",
     ),
     Claim(
         "a rollout-IS keep/drop decision within rounding of its band is not judged, and a "
