@@ -64,7 +64,6 @@ def test_sapo_in_float32_passes_past_the_gate_and_a_wrong_tau_is_caught() -> Non
         raise AssertionError("tau_neg 1.1 against 1.05 passed the gradient check")
 
 
-
 # the sweep's DRO case: one token with advantage 0, so the loss is the penalty
 # beta/2 lr^2 alone, computed in float32 from logprobs near -20
 DRO_TOKEN = {
@@ -86,6 +85,7 @@ def test_dro_in_float32_at_zero_advantage_passes_and_a_wrong_beta_is_caught() ->
         pass
     else:
         raise AssertionError("beta 1.001 against 1.0 passed the value check")
+
 
 def test_the_curvature_term_is_one_where_the_gradient_is_proportional_to_r() -> None:
     for name in ("dapo", "grpo", "cispo"):
