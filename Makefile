@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(PY) examples/explain_one_failure.py
 
 test: $(STAMP)
-	$(PY) -m pytest -n auto --dist loadgroup
+	$(PY) -m pytest -n auto
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

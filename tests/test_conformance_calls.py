@@ -12,10 +12,6 @@ from pytest_polgrad.engine import build_context, run_check
 from pytest_polgrad.options import parse_marker
 from tests.sample_losses import dapo, grpo_no_kl
 
-# One worker runs the whole module under `pytest -n auto --dist loadgroup`: its module-scoped
-# fixture is costly, and every worker that ran one of its tests would build it again.
-pytestmark = pytest.mark.xdist_group("conformance-calls")
-
 Tensor = torch.Tensor
 
 

@@ -13,10 +13,6 @@ from types import ModuleType
 import pytest
 import torch
 
-# One worker runs the whole module under `pytest -n auto --dist loadgroup`: its module-scoped
-# fixture is costly, and every worker that ran one of its tests would build it again.
-pytestmark = pytest.mark.xdist_group("diagnostics-example")
-
 EXAMPLE = Path(__file__).parents[1] / "examples" / "diagnose_run.py"
 
 

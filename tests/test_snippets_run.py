@@ -26,10 +26,6 @@ from tests import sample_losses as L
 from tests.snippet_driver import run_snippets
 from tests.test_sweep_correct import _float32_inside
 
-# One worker runs the whole module under `pytest -n auto --dist loadgroup`: its module-scoped
-# fixture is costly, and every worker that ran one of its tests would build it again.
-pytestmark = pytest.mark.xdist_group("snippets-run")
-
 pytest_plugins = ["pytester"]
 
 HEAD = re.compile(r"  reproduce \(standalone; (.*)\):\n")
