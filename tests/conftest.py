@@ -81,3 +81,32 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
         if reporter is not None:
             reporter.write_line(f"claimed test(s) did not pass: {', '.join(unmet)}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------- xdist: modules kept on one worker
+
+ONE_WORKER = frozenset(
+    {
+        "tests/test_snippets_run.py",
+        "tests/test_conformance_calls.py",
+        "tests/test_diagnostics_example.py",
+    }
+)
+"""Modules whose module-scoped fixture is costly (a snippet interpreter, a failing
+session): every worker that ran one of their tests would build it again. (xdist's own
+``--dist loadgroup`` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+
+
+def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
+    """Under ``-n`` with the default ``--dist load``: each test is its own unit of work,
+    except that a module of :data:`ONE_WORKER` is one unit."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneWorkerModules(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER else nodeid
+
+    return OneWorkerModules(config, log)
