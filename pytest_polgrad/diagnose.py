@@ -36,9 +36,11 @@ from polgrad_reference import (
     PolicyLossConfig,
     RatioKind,
     SurrogateKind,
+    Unstated,
 )
 
 from .corpus import canonical_corpus
+from .divisor import Divisor, divisors_for, row_terms
 from .oracle import Oracle
 from .target import FunctionUnderTest, Verdict
 from .tolerance import Tolerance
@@ -46,6 +48,7 @@ from .tolerance import Tolerance
 __all__ = [
     "Explanation",
     "Match",
+    "closest",
     "describe_config",
     "diagnose",
     "explain",
@@ -70,6 +73,8 @@ class Match:
     """Worst loss-value error over the corpus, in tolerances."""
     grad_error: float = math.inf
     """Worst gradient error over the corpus, in tolerances."""
+    divisor: Divisor | None = None
+    """The config's divisor shifted by a whole count (an off-by-one aggregation), if any."""
 
     @property
     def matches(self) -> bool:
@@ -87,7 +92,8 @@ class Match:
                 "token-sum-norm dividing by the padded width T (a batch-dependent budget)",
             )
         names = registry_names(self.config)
-        return text + (f" — {', '.join(names)}" if names else "")
+        text += f" — {', '.join(names)}" if names else ""
+        return text + (f", except that {self.divisor.describe()}" if self.divisor else "")
 
 
 def describe_config(cfg: PolicyLossConfig) -> str:
@@ -461,7 +467,84 @@ def _ranking(fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolera
     best = ranked[:_REFINE] + sums + kls
     fitted = [_fitted(m.config, corpus, observed) for m in best]
     refined += _rank(_unique(fitted), target, corpus, observed, tolerance, seen)
-    return sorted([*first, *refined], key=lambda m: (m.error, m.value_error))
+    ranking = sorted([*first, *refined], key=lambda m: (m.error, m.value_error))
+    if any(m.matches for m in ranking):
+        return ranking
+    probes = [_with_aggregation(target, agg) for agg in Aggregation]
+    probes += [m.config for m in ranking[:_REFINE]] + _registry_losses(fut)
+    shifted = _divisor_matches(
+        [c for c in _unique(probes) if _usable(c, fut) and not _placeholder(c)],
+        corpus,
+        observed,
+        tolerance,
+    )
+    return sorted([*ranking, *shifted], key=lambda m: (m.error, m.value_error))
+
+
+def _placeholder(cfg: PolicyLossConfig) -> bool:
+    """A token-sum-norm candidate whose budget 1 stands for the padded width."""
+    return cfg.aggregation is Aggregation.TOKEN_SUM_NORM and cfg.budget == 1
+
+
+def _divisor_matches(
+    configs: Iterable[PolicyLossConfig],
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    tolerance: Tolerance,
+) -> list[Match]:
+    """Each config with its divisor shifted by a whole count (:mod:`.divisor`) whose loss
+    VALUE matches on every corpus batch, scored like any candidate. One reference call per
+    batch and config serves every shift; the gradient is computed only for a value match.
+    A shift that does not match is not returned: it is no 'closest' semantics to name."""
+    out = []
+    for cfg in configs:
+        shifts = divisors_for(cfg.aggregation)
+        if not shifts:
+            continue
+        rows: dict[str, tuple[torch.Tensor, torch.Tensor, float, int]] = {}
+        try:
+            for name, batch in corpus.items():
+                ref = Oracle(cfg).reference(batch)
+                _, scale, n_tokens = Oracle(cfg).value(batch)
+                terms = row_terms(ref)
+                if terms is None:
+                    break
+                rows[name] = (terms, ref.response_mask, scale, n_tokens)
+        except PolgradError:
+            continue
+        if len(rows) < len(corpus):
+            continue
+        for divisor in shifts:
+            if _shifted_value_error(divisor, rows, observed, tolerance) > 1.0:
+                continue
+            value = grad = 0.0
+            for name, batch in corpus.items():
+                loss, g = observed[name]
+                v, e = _errors(cfg, batch, loss, g, tolerance, divisor)
+                value, grad = max(value, v), max(grad, e)
+            out.append(Match(cfg, max(value, grad), False, value, grad, divisor))
+    return out
+
+
+def _shifted_value_error(
+    divisor: Divisor,
+    rows: Mapping[str, tuple[torch.Tensor, torch.Tensor, float, int]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    tolerance: Tolerance,
+) -> float:
+    """Worst value error of a shifted divisor over the corpus, from each batch's per-row
+    contributions ``c_b``, aggregated mask, value scale and token count."""
+    worst = 0.0
+    for name, (terms, mask, scale, n_tokens) in rows.items():
+        rho = divisor.factors(mask)
+        if rho is None:
+            return math.inf
+        expected = float((rho * terms).sum())
+        err = tolerance.value(observed[name][0], expected, scale * float(rho.max()), n_tokens)
+        worst = max(worst, err.error)
+        if worst > 1.0:
+            break
+    return worst
 
 
 def holds_on(
@@ -479,7 +562,7 @@ def holds_on(
     except Verdict:
         return False
     assert ev.grad is not None
-    v, g = _errors(cfg, batch, float(ev.loss), ev.grad.to(torch.float64), tolerance)
+    v, g = _errors(cfg, batch, float(ev.loss), ev.grad.to(torch.float64), tolerance, match.divisor)
     return max(v, g) <= 1.0
 
 
@@ -489,16 +572,39 @@ def _errors(
     loss: float,
     grad: torch.Tensor,
     tolerance: Tolerance,
+    divisor: Divisor | None = None,
 ) -> tuple[float, float]:
-    """``(value error, gradient error)`` of ``cfg`` against the observed loss and gradient."""
+    """``(value error, gradient error)`` of ``cfg`` (its divisor shifted by ``divisor``)
+    against the observed loss and gradient."""
     try:
         ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest)
+        shifted = None if divisor is None else _shifted(cfg, divisor, batch)
     except PolgradError:
         return math.inf, math.inf
-    value = tolerance.value(loss, ref.loss, ref.value_scale, ref.n_tokens).error
+    expected, scale, g_ref, g_scale = ref.loss, ref.value_scale, ref.grad, ref.grad_scale
+    if divisor is not None:
+        if shifted is None:
+            return math.inf, math.inf
+        terms, rho = shifted
+        # the loss is sum_b rho_b c_b; its gradient and that gradient's scale scale by
+        # rho_b row by row; max(rho) bounds the value scale (pytest_polgrad/divisor.py)
+        expected, scale = float((rho * terms).sum()), scale * float(rho.max())
+        g_ref, g_scale = g_ref * rho, g_scale * rho
+    value = tolerance.value(loss, expected, scale, ref.n_tokens).error
     where = batch["response_mask"] & ~ref.ambiguous
-    g = tolerance.tensor(grad, ref.grad, ref.grad_scale, where)[0].error
+    g = tolerance.tensor(grad, g_ref, g_scale, where)[0].error
     return value, g
+
+
+def _shifted(
+    cfg: PolicyLossConfig, divisor: Divisor, batch: Mapping[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(c_b, rho_b)``, both ``[B, 1]``: ``cfg``'s per-row loss contributions on ``batch``
+    and the factors of ``divisor``; None where the shift does not apply."""
+    out = Oracle(cfg).reference(batch)
+    terms = row_terms(out)
+    rho = divisor.factors(out.response_mask)
+    return None if terms is None or rho is None else (terms, rho)
 
 
 def _value_error(
@@ -540,7 +646,7 @@ def _differences(found: PolicyLossConfig, target: PolicyLossConfig) -> dict[str,
         a, b = getattr(found, f.name), getattr(target, f.name)
         if a == b:
             continue
-        if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+        if dataclasses.is_dataclass(a) and type(a) is type(b):
             for g in dataclasses.fields(a):
                 if getattr(a, g.name) != getattr(b, g.name):
                     out[f"{f.name}.{g.name}"] = getattr(a, g.name)
@@ -549,8 +655,19 @@ def _differences(found: PolicyLossConfig, target: PolicyLossConfig) -> dict[str,
     return out
 
 
-def _covered(knob: str, unstated: set[str]) -> bool:
-    return knob in unstated or knob.split(".")[0] in unstated
+_SECTION_FIELDS = {"clip": ("eps_low", "eps_high")}
+"""The fields a registry note on a whole section leaves open: every ``clip`` note is about
+the clip range (e.g. grpo's "the paper does not state eps"), never the dual clip or the
+kind of bounds, which such a note does not excuse."""
+
+
+def _note_for(knob: str, notes: Mapping[str, Unstated]) -> Unstated | None:
+    """The registry note that leaves ``knob`` open: its own, or its section's when the
+    section's note covers that field (:data:`_SECTION_FIELDS`); None otherwise."""
+    if knob in notes:
+        return notes[knob]
+    section, _, field = knob.partition(".")
+    return notes.get(section) if field in _SECTION_FIELDS.get(section, ()) else None
 
 
 def _keyword_value(knob: str, found: PolicyLossConfig) -> tuple[str, str]:
@@ -570,18 +687,16 @@ def unstated_hint(match: Match, target: PolicyLossConfig, reference: object) -> 
     """When ``match`` differs from the registry entry ``reference`` only in knobs its
     source leaves unstated: say so, name the function's values and print the marker line
     that declares them. Empty otherwise."""
-    if not isinstance(reference, str) or reference not in ALGORITHMS or match.padded_width_budget:
+    if not isinstance(reference, str) or reference not in ALGORITHMS:
         return ""
-    spec = ALGORITHMS[reference]
-    unstated = {u.knob for u in spec.unstated}
+    if match.padded_width_budget or match.divisor is not None:
+        return ""
+    notes = {u.knob: u for u in ALGORITHMS[reference].unstated}
     diff = _differences(match.config, target)
-    if not diff or not all(_covered(k, unstated) and _declarable(k) for k in diff):
+    found = {k: _note_for(k, notes) for k in diff}
+    if not diff or not all(u is not None and _declarable(k) for k, u in found.items()):
         return ""
-    notes = {u.knob: u for u in spec.unstated}
-    said = []
-    for knob in diff:
-        u = notes.get(knob) or notes[knob.split(".")[0]]
-        said.append(f"{knob} (registry value {u.value!r}: {u.note})")
+    said = [f"{k} (registry value {u.value!r}: {u.note})" for k, u in found.items() if u]
     pairs = dict(_keyword_value(k, match.config) for k in diff)
     line = ", ".join(f"{k}={v}" for k, v in pairs.items())
     return (
@@ -627,10 +742,48 @@ def explain(
             f"value is {m.describe()}, gradient is not (a stop-gradient?)",
             None,
         )
-    m = ranking[0]
+    m, own = closest(ranking, target)
+    if own:
+        agg = _aggregation_text(m)
+        return Explanation(
+            f"no registered semantics matches; the numerically closest aggregation is {agg} "
+            f"(with the reference's other choices: {m.describe()}, off by {m.error:.3g}x the "
+            f"tolerance; no candidate with other semantics comes {_NEAR:g}x closer); {wanted}",
+            f"no match (closest aggregation: {agg}, {m.error:.2g}x tol)",
+            None,
+        )
     return Explanation(
         f"no registered semantics matches; the closest is {m.describe()} "
         f"(off by {m.error:.3g}x the tolerance); {wanted}",
         f"no match (closest: {m.describe()}, {m.error:.2g}x tol)",
         None,
     )
+
+
+_NEAR = 10.0
+"""How much closer than the reference's own semantics (under its best aggregation) another
+candidate must come to be named when nothing matches: with four corpus losses and hundreds
+of candidates, an unrelated one fits a deviation a few times better by chance (a GRPO loss
+dividing each row by its length + 1 fit GSPO's clip range 2.7x better than GRPO's)."""
+
+
+def closest(ranking: list[Match], target: PolicyLossConfig) -> tuple[Match, bool]:
+    """The candidate to name when none matches, and whether it is the reference's own
+    semantics under some aggregation (or budget): that one, unless another candidate's
+    error is :data:`_NEAR` times smaller."""
+    own = [
+        m
+        for m in ranking
+        if m.divisor is None and set(_differences(m.config, target)) <= {"aggregation", "budget"}
+    ]
+    best = ranking[0]
+    if own and best.error * _NEAR > own[0].error:
+        return own[0], True
+    return best, False
+
+
+def _aggregation_text(m: Match) -> str:
+    cfg = m.config
+    if m.padded_width_budget:
+        return "token-sum-norm dividing by the padded width T"
+    return cfg.aggregation.value + (f" (budget {cfg.budget})" if cfg.budget else "")

@@ -501,7 +501,10 @@ def _diagnose(ctx: KLContext, corpus: Mapping[str, TokenInputs], failing: Any) -
             f"this function matches {text} on the corpus (within tolerance); "
             f"the reference is {reference}"
         )
-    if grad and cand.kl.estimator is KLEstimator.K3 and cand.kl.ratio_weight is KLRatioWeight.NONE:
+    # a _wrong() formula carries the reference's KLConfig but computes another function: the
+    # note holds for k3 itself only (a flipped k3's gradient is not the forward KL's)
+    k3 = cand.kl.estimator is KLEstimator.K3 and text == cand.describe()
+    if grad and k3 and cand.kl.ratio_weight is KLRatioWeight.NONE:
         body += (
             ". Note: differentiated as a loss, k3's gradient is not the gradient of "
             "KL(pi || ref): in expectation it is the gradient of the forward KL(ref || pi) "
