@@ -7,29 +7,77 @@ check into an expected failure only when
    raised, returned a non-finite, non-scalar, integer or non-differentiable loss) — a
    verdict is never excused; and, on every canonical corpus input of the kind, the check
    either holds or fails as a finding (a crash there is not excused either);
-2. the deviation stays what it was: with ``("reason", max_error)`` the worst error of the
-   check over the canonical corpus (in units of tolerance: deterministic, independent of
-   the seed and the budget) must not exceed ``max_error``. With a bare reason the golden
-   snapshot pins it: the golden item records the function's outputs on the same corpus,
-   so a new, larger deviation fails ``golden`` (unless ``golden`` is declared too).
+2. the deviation stays what it was: with ``("reason", max_error)`` the deviation's *size*
+   must not exceed ``max_error``. With a bare reason the golden snapshot pins it: the
+   golden item records the function's outputs on the same corpus, so a new, larger
+   deviation fails ``golden`` (unless ``golden`` is declared too).
+
+The size of a declared deviation (:func:`size`) is one number, printed the same way
+everywhere (:func:`fmt`): the check's worst error over the canonical corpus, in units of
+tolerance (deterministic, independent of the seed and the budget), rounded *up* to three
+significant digits. The expected-failure reason, the summary table and the JSON report
+show it, and a bound is compared with exactly it, so a pin at the printed size holds and
+a pin below it fails as "grew". The worst error over the examples a run drew (the
+table's ``worst/tol`` and the JSON entry's ``worst``) is a different number: it depends
+on the seed and the budget and stops at the first failing example.
 
 ``judge`` returns why a declared failure is *not* excused (``""`` when it is) and the
-deviation it measured, which the report shows so the bound can be declared.
+deviation it measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 from typing import Any
 
-__all__ = ["Judgement", "judge", "measure", "pin_hint"]
+__all__ = [
+    "BASIS",
+    "Judgement",
+    "declared_fields",
+    "excused_reason",
+    "fmt",
+    "judge",
+    "measure",
+    "pin_hint",
+    "size",
+]
+
+BASIS = "the canonical corpus"
+"""What the size of a declared deviation is measured on."""
+
+
+def size(measured: float) -> float:
+    """``measured`` rounded up to three significant digits (0 and inf unchanged): the
+    smallest such number not below it, so ``size(m) >= m`` and ``fmt`` prints it exactly."""
+    if not math.isfinite(measured) or measured <= 0:
+        return measured
+    # The shortest decimal that reads back as ``measured`` (so 1.07 stays 1.07), rounded
+    # up; float() of a decimal not below it is not below it (rounding is monotone).
+    shortest = decimal.Decimal(repr(measured))
+    quantum = decimal.Decimal(1).scaleb(shortest.adjusted() - 2)
+    return float(shortest.quantize(quantum, rounding=decimal.ROUND_CEILING))
+
+
+def fmt(x: float) -> str:
+    """``x`` in the fewest significant digits (at least three) that read back as ``x``:
+    a size prints as ``3.82e+03``, a bound ``3815`` as typed."""
+    if not math.isfinite(x):
+        return str(x)
+    for digits in range(3, 18):
+        text = f"{x:.{digits}g}"
+        if float(text) == x:
+            return text
+    return repr(x)
 
 
 @dataclasses.dataclass(frozen=True)
 class Judgement:
     """``problem == ""``: the declaration excuses the failure. ``measured``: the check's
-    worst error on the canonical corpus, in tolerances (``inf`` for exact properties)."""
+    worst error on the canonical corpus, in tolerances (``inf`` for exact properties);
+    ``size``: the same rounded up to three significant digits, the number a bound is
+    compared with."""
 
     problem: str
     measured: float
@@ -37,6 +85,10 @@ class Judgement:
     @property
     def excused(self) -> bool:
         return not self.problem
+
+    @property
+    def size(self) -> float:
+        return size(self.measured)
 
 
 def _check(kind: Any, ctx: Any, name: str) -> Any:
@@ -91,18 +143,78 @@ def judge(ctx: Any, result: Any) -> Judgement:
     if verdict:
         return Judgement(f"the function misbehaved {verdict}", measured)
     bound = options.expect_bounds.get(check)
-    if bound is not None and measured > bound:
+    if bound is not None and math.isinf(measured):
         return Judgement(
-            f"the declared deviation grew: {measured:.3g}x the tolerance on the canonical "
-            f"corpus, declared at most {bound:.3g}x",
+            f"check {check!r} is an exact property: its deviation has no size in "
+            f"tolerances, so max_error={fmt(bound)} cannot bound it; declare the reason "
+            "alone (the golden snapshot pins the outputs)",
+            measured,
+        )
+    if bound is not None and size(measured) > bound:
+        return Judgement(
+            f"the declared deviation grew: {fmt(size(measured))}x the tolerance on {BASIS}, "
+            f"declared at most {fmt(bound)}x",
             measured,
         )
     return Judgement("", measured)
 
 
+def suggested_bound(measured: float) -> float | None:
+    """The ``max_error`` a pin hint suggests: 1.5x the size, to two significant digits
+    (``None`` where no bound can pin the deviation)."""
+    s = size(measured)
+    if not math.isfinite(s) or s <= 1:
+        return None
+    return float(f"{s * 1.5:.2g}")
+
+
 def pin_hint(check: str, reason: str, measured: float) -> str:
-    """The marker text that pins a declared deviation at its measured size."""
-    if not math.isfinite(measured) or measured <= 0:
+    """The marker text that pins a declared deviation at its measured size ("" where
+    none can: an exact property, or a deviation the corpus does not show)."""
+    bound = suggested_bound(measured)
+    if bound is None:
         return ""
-    bound = float(f"{measured * 1.5:.2g}")
-    return f"pin its size with expect={{{check!r}: ({reason!r}, {bound:g})}}"
+    return f"pin its size with expect={{{check!r}: ({reason!r}, {fmt(bound)})}}"
+
+
+def excused_reason(check: str, reason: str, measured: float, bound: float | None) -> str:
+    """The expected-failure reason of an excused check: the declared reason, the size
+    and its basis, and the pin (a hint where none is declared)."""
+    s = size(measured)
+    if math.isinf(s):
+        detail = "an exact property: its deviation has no size in tolerances"
+    elif s <= 1:
+        detail = (
+            f"{BASIS} does not show it ({fmt(s)}x the tolerance there): max_error cannot "
+            "pin its size"
+        )
+    elif bound is not None:
+        detail = f"{fmt(s)}x the tolerance on {BASIS}, declared at most {fmt(bound)}x"
+    else:
+        detail = (
+            f"{pin_hint(check, reason, measured)}: it measures {fmt(s)}x the tolerance on "
+            f"{BASIS}; the pin allows about 1.5x that"
+        )
+    return f"known deviation: {reason} ({detail})"
+
+
+def declared_fields(
+    reason: str, judgement: Judgement, bound: float | None, run_worst: object
+) -> dict[str, Any]:
+    """The ``declared`` block of a declared check's JSON entry (docs/conformance.md,
+    "Reports"); ``None`` stands for a size an exact property does not have."""
+    s = judgement.size
+
+    def finite(x: float | None) -> float | None:
+        return x if x is not None and math.isfinite(x) else None
+
+    return {
+        "reason": reason,
+        "excused": judgement.excused,
+        "corpus_size": finite(s),
+        "measured": finite(s),  # kept: the same number as corpus_size
+        "run_worst": run_worst,
+        "bound": bound,
+        "suggested_bound": None if bound is not None else suggested_bound(judgement.measured),
+        "problem": judgement.problem,
+    }

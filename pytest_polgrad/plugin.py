@@ -285,7 +285,7 @@ class PolgradItem(pytest.Item):
 
     def runtest(self) -> None:
         from .engine import build_context, run_check
-        from .expect import judge, pin_hint
+        from .expect import declared_fields, excused_reason, judge
 
         s = settings(self.config)
         if _THREADS_SET not in self.config.stash:
@@ -323,17 +323,11 @@ class PolgradItem(pytest.Item):
             set_entry(self, _entry(self.target, self.check, data))
             raise ConformanceFailure(self._once(result))
         verdict = judge(ctx, result)
-        declared = {
-            "reason": reason,
-            "excused": verdict.excused,
-            "measured": verdict.measured if math.isfinite(verdict.measured) else None,
-        }
+        bound = self.options.expect_bounds.get(self.check)
+        declared = declared_fields(reason, verdict, bound, data["worst"])
         set_entry(self, _entry(self.target, self.check, {**data, "declared": declared}))
         if verdict.excused:
-            hint = ""
-            if self.check not in self.options.expect_bounds:
-                hint = pin_hint(self.check, reason, verdict.measured)
-            message = f"known deviation: {reason}" + (f" ({hint})" if hint else "")
+            message = excused_reason(self.check, reason, verdict.measured, bound)
             pytest.xfail(message)
             # Only reached under --runxfail (pytest.xfail is then a no-op): a failure.
             raise ConformanceFailure(
@@ -471,11 +465,87 @@ class Reporter:
                 tr.write_line(f"polgrad JSON report written to {path}")
 
 
+def _in_check_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The row's entries in the order its checks were generated (golden last), whatever
+    order xdist delivers them in."""
+    planned = list(rows[0].get("checks") or [])
+
+    def key(r: dict[str, Any]) -> tuple[bool, int]:
+        check = r.get("check")
+        return check == "golden", planned.index(check) if check in planned else len(planned)
+
+    return sorted(rows, key=key)
+
+
+def _brief(message: str) -> str:
+    """A verdict in a few words for the table: its first line without "the function",
+    and for a likely cause the report names, the cause and its fix (batch sizes
+    dropped, so every check's verdict reads the same)."""
+    lines = message.splitlines()
+    text = lines[0].strip() if lines else ""
+    text = text.removeprefix("the function ")
+    if "; likely cause: " in text:
+        cause = re.sub(r" = \[[\d, ]*\]", "", text.split("; likely cause: ", 1)[1])
+        fix = re.search(r"\((write [^()]+)\)\s*$", cause)
+        text = f"{cause.split(': ', 1)[0]}; {fix.group(1)}" if fix else cause
+    return text if len(text) <= 140 else text[:137].rstrip() + "..."
+
+
+def _verdict(rows: list[dict[str, Any]]) -> str:
+    """What the row's first verdict says (the function raised, returned NaN, ...), or ""."""
+    for r in _in_check_order(rows):
+        if r["status"] == "failed" and _is_verdict(str(r.get("report") or "")):
+            text = _brief(str(r.get("message") or ""))
+            if "different results for the same batch" in text:
+                return f"not deterministic: {text}"
+            return f"cannot be evaluated: {text}" if text else "cannot be evaluated"
+    return ""
+
+
+def _declared_sizes(rows: list[dict[str, Any]]) -> str:
+    """The sizes of the row's declared deviations in the words of the expected-failure
+    reasons and the "grew" failures: "declared: value 3.82e+03x, gradient 4.03e+04x the
+    tolerance on the canonical corpus" for the excused ones, "grew: value 3.82e+03x the
+    tolerance on the canonical corpus, declared at most 3e+03x" for each one over its
+    bound; "" when none has a size (an exact property's deviation has none)."""
+    from .expect import BASIS, fmt  # no torch
+
+    excused, grew = [], []
+    for r in _in_check_order(rows):
+        declared = r.get("declared") or {}
+        size, bound = declared.get("corpus_size"), declared.get("bound")
+        if not isinstance(size, (int, float)) or not math.isfinite(size):
+            continue
+        if r["status"] == "xfailed":
+            excused.append(f"{r['check']} {fmt(float(size))}x")
+        elif isinstance(bound, (int, float)) and size > bound:  # the item failed: it grew
+            grew.append(
+                f"grew: {r['check']} {fmt(float(size))}x the tolerance on {BASIS}, declared "
+                f"at most {fmt(float(bound))}x"
+            )
+    clauses = [f"declared: {', '.join(excused)} the tolerance on {BASIS}"] if excused else []
+    return "; ".join(clauses + grew)
+
+
 def _diagnosis(rows: list[dict[str, Any]], failed: int, expected: int) -> str:
-    # A semantic check's diagnosis first, whatever order xdist delivers the rows in: the
-    # golden row's "golden not recorded yet" must not hide it.
-    ordered = sorted(rows, key=lambda r: r.get("check") == "golden")
-    found = next((str(r.get("match", "")) for r in ordered if r.get("match")), "")
+    text = _verdict_or_state(rows, failed, expected)
+    sizes = _declared_sizes(rows)
+    if not sizes:
+        return text
+    if text.startswith("conforms"):
+        return f"{text} ({sizes.removeprefix('declared: ')})"
+    return f"{text}; {sizes}" if text else sizes
+
+
+def _verdict_or_state(rows: list[dict[str, Any]], failed: int, expected: int) -> str:
+    # A semantic check's diagnosis first, then what a verdict says (the golden row's
+    # "golden not recorded yet" or "cannot be evaluated" must not hide either).
+    ordered = _in_check_order(rows)
+    found = next(
+        (str(r["match"]) for r in ordered if r.get("match") and r.get("check") != "golden"), ""
+    )
+    found = found or _verdict(rows)
+    found = found or next((str(r["match"]) for r in ordered if r.get("match")), "")
     if found:
         return found
     missing = [r for r in rows if r.get("golden") == "missing"]
@@ -492,7 +562,11 @@ def _diagnosis(rows: list[dict[str, Any]], failed: int, expected: int) -> str:
 
 def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
     """One row per (function as collected, kind, reference): counts, worst error,
-    diagnosis. "conforms" needs every check generated for the row to have run."""
+    diagnosis. "conforms" needs every check generated for the row to have run.
+
+    ``worst/tol`` is the worst error, in tolerances, over the examples this run drew for
+    the row's judged checks; an excused check is left out of it, and its size on the
+    canonical corpus (what its declaration bounds) is in the diagnosis instead."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in results:
         key = (str(r["function"]), str(r.get("kind", "policy_loss")), str(r["reference"]))
@@ -501,8 +575,9 @@ def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
         passed = sum(r["status"] == "passed" for r in rows)
         failed = sum(r["status"] == "failed" for r in rows)
         expected = sum(r["status"] == "xfailed" for r in rows)
-        measured = [float(r["worst"]) for r in rows if isinstance(r["worst"], (int, float))]
-        if any(r["worst"] == "inf" for r in rows):
+        judged = [r for r in rows if r["status"] != "xfailed"]
+        measured = [float(r["worst"]) for r in judged if isinstance(r["worst"], (int, float))]
+        if any(r["worst"] == "inf" for r in judged):
             measured.append(float("inf"))
         worst = f"{max(measured):.3g}" if measured else "-"
         yield (
