@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 from typing import TYPE_CHECKING, Any
 
-from .reproduce import config_source, importable, snippet
+from .reproduce import config_source, snippet
 from .target import Verdict
 
 if TYPE_CHECKING:
@@ -63,14 +63,8 @@ def failure_report(
         out += ["", "  diagnosis  " + textwrap.fill(diagnosis, 88, subsequent_indent=" " * 13)]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
-    if batch is not None:
-        where = importable(ctx.fut.fn, name)
-        how = (
-            f"save it as a file and run it with python from {where.run_from}"
-            if where.module is not None
-            else f"paste the definition of {where.attribute} where marked, then run it"
-        )
-        out += ["", f"  reproduce (standalone; {how}):", ""]
+    if batch is not None:  # the snippet's first comment says how to run it, as every kind's
+        out += ["", "  reproduce (standalone):", ""]
         out += [
             "    " + line if line else "" for line in snippet(ctx, batch, check.name).splitlines()
         ]

@@ -421,12 +421,13 @@ def _check_lines(ctx: Context, check: str) -> list[str]:
 
 def snippet(ctx: Context, batch: Any, check: str = "value") -> str:
     """Standalone Python reproducing what ``check`` did on ``batch`` (see the module
-    docstring); :func:`importable` says from where it runs."""
+    docstring), opening, as every kind's snippet does (:func:`kind_snippet`), with a
+    comment saying how to run it (:func:`how_to_run`)."""
     where = importable(ctx.fut.fn, getattr(ctx, "name", ""))
     cfg = ctx.config
     if check == "on-policy":
         cfg = cfg.replace(surrogate=SurrogateKind.REINFORCE, ratio=RatioKind.TOKEN)
-    lines = _header(cfg, where)
+    lines = [f"# pytest-polgrad reproduction: {how_to_run(where)}", *_header(cfg, where)]
     if ctx.options.layout != "right":
         lines.append(
             "from pytest_polgrad.strategies import left_to_right, pack, right_to_left, "

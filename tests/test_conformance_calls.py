@@ -186,7 +186,7 @@ def snippets_ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         try:
             result = _run(getattr(sample_losses, name), reference, check, **options)
             assert not result.passed, f"{name} passed {check}"
-            text = result.report.split("reproduce (standalone; ")[1].split(":\n", 1)[1]
+            text = result.report.split("reproduce (standalone):\n", 1)[1]
             code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
         except Exception:
             made[case] = (None, traceback.format_exc())

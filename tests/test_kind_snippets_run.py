@@ -268,7 +268,7 @@ def test_every_kinds_snippet_runs_as_printed_and_shows_the_mismatch(
     for name, check in CASES:
         report = _report(text, name, check)
         code = _snippet(report)
-        match = RUN_FROM.search(code)
+        match = RUN_FROM.fullmatch(code.lstrip("\n").splitlines()[0])  # its first line
         assert match, code
         assert Path(match.group(1)) == root
         function = name.split("[")[0]

@@ -28,15 +28,21 @@ from tests.test_sweep_correct import _float32_inside
 
 pytest_plugins = ["pytester"]
 
-HEAD = re.compile(r"  reproduce \(standalone; (.*)\):\n")
+HEAD = "\n  reproduce (standalone):\n\n"
+"""The report's header line of the snippet: the same for every kind."""
+FIRST = re.compile(r"# pytest-polgrad reproduction: (.*)")
+"""The snippet's first line: how to run it, as every kind's snippet opens."""
 
 
 def _snippet(report: str) -> tuple[str, str]:
-    """``(instruction, code)`` of a report's reproduce section."""
-    match = HEAD.search(report)
-    assert match, report
-    body = report[match.end() :].split("\n  replay ")[0]
-    return match.group(1), "\n".join(line[4:] for line in body.splitlines())
+    """``(instruction, code)`` of a report's reproduce section; the instruction is the
+    snippet's first line, a comment (asserted)."""
+    assert HEAD in report, report
+    body = report.split(HEAD, 1)[1].split("\n  replay ")[0]
+    code = "\n".join(line[4:] for line in body.splitlines())
+    match = FIRST.fullmatch(code.splitlines()[0])
+    assert match, code
+    return match.group(1), code
 
 
 def _run_from(instruction: str) -> str:
