@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -97,6 +98,7 @@ session): every worker that ran one of their tests would build it again. (xdist'
 ``--dist loadgroup`` does not group under pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown under -p no:xdist
 def pytest_xdist_make_scheduler(config, log):  # type: ignore[no-untyped-def]
     """Under ``-n`` with the default ``--dist load``: each test is its own unit of work,
     except that a module of :data:`ONE_WORKER` is one unit."""
