@@ -507,16 +507,21 @@ def _declared_sizes(rows: list[dict[str, Any]]) -> str:
     reasons and the "grew" failures: "declared: value 3.82e+03x, gradient 4.03e+04x the
     tolerance on the canonical corpus" for the excused ones, "grew: value 3.82e+03x the
     tolerance on the canonical corpus, declared at most 3e+03x" for each one over its
-    bound; "" when none has a size (an exact property's deviation has none)."""
+    bound, "declared, not shown by the canonical corpus: value" for those at most 1x
+    there; "" when none has a size (an exact property's deviation has none)."""
     from .expect import BASIS, fmt  # no torch
 
-    excused, grew = [], []
+    excused: list[str] = []
+    unseen: list[str] = []
+    grew: list[str] = []
     for r in _in_check_order(rows):
         declared = r.get("declared") or {}
         size, bound = declared.get("corpus_size"), declared.get("bound")
         if not isinstance(size, (int, float)) or not math.isfinite(size):
             continue
-        if r["status"] == "xfailed":
+        if r["status"] == "xfailed" and size <= 1:
+            unseen.append(str(r["check"]))
+        elif r["status"] == "xfailed":
             excused.append(f"{r['check']} {fmt(float(size))}x")
         elif isinstance(bound, (int, float)) and size > bound:  # the item failed: it grew
             grew.append(
@@ -524,6 +529,8 @@ def _declared_sizes(rows: list[dict[str, Any]]) -> str:
                 f"at most {fmt(float(bound))}x"
             )
     clauses = [f"declared: {', '.join(excused)} the tolerance on {BASIS}"] if excused else []
+    if unseen:
+        clauses.append(f"declared, not shown by {BASIS}: {', '.join(unseen)}")
     return "; ".join(clauses + grew)
 
 
@@ -533,7 +540,7 @@ def _diagnosis(rows: list[dict[str, Any]], failed: int, expected: int) -> str:
     if not sizes:
         return text
     if text.startswith("conforms"):
-        return f"{text} ({sizes.removeprefix('declared: ')})"
+        return f"{text} ({sizes.removeprefix('declared: ').removeprefix('declared, ')})"
     return f"{text}; {sizes}" if text else sizes
 
 

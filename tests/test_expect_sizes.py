@@ -290,3 +290,10 @@ def test_a_row_that_conforms_except_its_declarations_names_their_sizes() -> None
         r["checks"] = ["value", "inputs-unchanged"]
     ((*_, worst, diagnosis),) = summary_rows(two)
     assert (worst, diagnosis) == ("0.5", "conforms, except the declared deviations")
+    # a deviation the corpus does not show has no size worth printing: the row says so
+    rows[1]["declared"] = {"corpus_size": 0.0205, "bound": None}
+    ((*_, worst, diagnosis),) = summary_rows(rows)
+    assert diagnosis == (
+        "conforms, except the declared deviations (not shown by the canonical corpus: "
+        "padding-columns)"
+    )

@@ -323,6 +323,12 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/test_expect_semantics.py::test_a_verdict_is_never_excused",
     ),
     Claim(
+        "a declared deviation's size is one number in the -rx reason, the summary table and "
+        "the JSON report; a pin at the printed size holds, one below it fails as grown",
+        "conformance.md",
+        "tests/test_expect_sizes.py::test_reason_table_and_json_agree_and_a_pin_at_the_printed_size_holds",
+    ),
+    Claim(
         "every bad input in the table gets its named error, never a traceback",
         "options.md",
         "tests/test_bad_inputs.py::test_the_count_of_bad_inputs",
