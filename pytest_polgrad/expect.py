@@ -42,6 +42,7 @@ __all__ = [
     "measure",
     "pin_hint",
     "size",
+    "suggested_bound",
 ]
 
 BASIS = "the canonical corpus"
