@@ -28,6 +28,11 @@ class ConformanceReport:
     expected: dict[str, str]
     kind: str = "policy_loss"
     unexcused: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    measured: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Declared check that failed -> its worst error on the canonical corpus, in
+    tolerances (what a declared ``max_error`` bounds: :func:`~pytest_polgrad.expect.size`)."""
+    bounds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Declared check -> its declared ``max_error``, where one is declared."""
 
     @property
     def unexpected_failures(self) -> list[CheckResult]:
@@ -54,7 +59,15 @@ class ConformanceReport:
         if r.check in self.unexcused:
             return "FAILED (declared, but not excused: " + self.unexcused[r.check] + ")"
         if r.check in self.expected:
-            return "expected failure: " + self.expected[r.check]
+            from .expect import excused_reason
+
+            measured = self.measured.get(r.check)
+            if measured is None:
+                return "expected failure: " + self.expected[r.check]
+            reason = excused_reason(
+                r.check, self.expected[r.check], measured, self.bounds.get(r.check)
+            )
+            return "expected failure, " + reason
         return "FAILED"
 
     def summary(self) -> str:
@@ -116,12 +129,14 @@ def assert_conforms(
     budget = opts.max_examples or 100
     results = []
     unexcused: dict[str, str] = {}
+    measured: dict[str, float] = {}
     calls = CallStore()  # this call's checks share the function's calls, no other's
     for check in checks:
         ctx = build_context(fn, opts, name=label)
         result = run_check(ctx, check, max_examples=budget, base_seed=seed, shared=calls)
         if not result.passed and check in opts.expect:
             verdict = judge(ctx, result)
+            measured[check] = verdict.measured
             if not verdict.excused:
                 unexcused[check] = verdict.problem
         results.append(result)
@@ -132,6 +147,8 @@ def assert_conforms(
         expected=dict(opts.expect),
         kind=opts.kind,
         unexcused=unexcused,
+        measured=measured,
+        bounds=dict(opts.expect_bounds),
     )
     if not report.ok:
         raise ConformanceError(report)

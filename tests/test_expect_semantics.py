@@ -53,7 +53,7 @@ def _run(fn: Callable[..., Any], expect: Any) -> Any:
 
 def test_the_declared_deviation_is_excused_and_measured() -> None:
     from pytest_polgrad.engine import build_context, run_check
-    from pytest_polgrad.expect import judge
+    from pytest_polgrad.expect import excused_reason, fmt, judge, size
     from pytest_polgrad.options import parse_marker
 
     report = _run(declared, REASON)
@@ -63,6 +63,13 @@ def test_the_declared_deviation_is_excused_and_measured() -> None:
     verdict = judge(ctx, run_check(ctx, "value", max_examples=5, base_seed=0))
     assert verdict.excused and 100 < verdict.measured < 1e5  # deterministic: the corpus
     assert _run(declared, (REASON, verdict.measured * 1.01)).ok
+    # the report states the size as the marker's expected-failure reason does
+    assert report.measured == {"value": verdict.measured}
+    reason = excused_reason("value", REASON, verdict.measured, None)
+    assert f"value              expected failure, {reason}  (" in report.summary()
+    assert f"{fmt(size(verdict.measured))}x the tolerance on the canonical corpus" in reason
+    pinned = _run(declared, (REASON, 5e4))
+    assert "declared at most 5e+04x" in pinned.summary()
 
 
 @pytest.mark.parametrize(
