@@ -540,6 +540,8 @@ def _shifted_value_error(
         if rho is None:
             return math.inf
         expected = float((rho * terms).sum())
+        if not math.isfinite(expected):
+            return math.inf  # never a NaN error: max() would pass it over
         err = tolerance.value(observed[name][0], expected, scale * float(rho.max()), n_tokens)
         worst = max(worst, err.error)
         if worst > 1.0:
@@ -586,6 +588,8 @@ def _errors(
         if shifted is None:
             return math.inf, math.inf
         terms, rho = shifted
+        if not bool(torch.isfinite(rho).all()):
+            return math.inf, math.inf
         # the loss is sum_b rho_b c_b; its gradient and that gradient's scale scale by
         # rho_b row by row; max(rho) bounds the value scale (pytest_polgrad/divisor.py)
         expected, scale = float((rho * terms).sum()), scale * float(rho.max())
@@ -721,7 +725,20 @@ def explain(
         ranking = _ranking(fut, target, tolerance)
     except Verdict as exc:
         return Explanation(f"not diagnosed ({exc}); {wanted}", "not diagnosed", None)
-    full = [m for m in ranking if m.matches][:3]
+    full = sorted((m for m in ranking if m.matches), key=lambda m: (_distance(m, target), m.error))
+    if full and _distance(full[0], target) == 0:
+        # the corpus cannot explain the failure (e.g. at bfloat16 precision every nearby
+        # candidate is within tolerance): name the reference, not the lowest-error one
+        m, others = full[0], len(full) - 1
+        also = f"; at this precision {others} other candidate(s) do too" if others else ""
+        return Explanation(
+            f"on the canonical corpus this function matches {m.describe()}, the reference "
+            f"itself (within tolerance{also}): the deviation shows on other batches only; "
+            f"{wanted}.",
+            f"is {m.describe()}",
+            m,
+        )
+    full = full[:3]
     if full:
         found = "; or ".join(m.describe() for m in full)
         hint = unstated_hint(full[0], target, reference)
@@ -758,6 +775,13 @@ def explain(
         f"no match (closest: {m.describe()}, {m.error:.2g}x tol)",
         None,
     )
+
+
+def _distance(m: Match, target: PolicyLossConfig) -> int:
+    """How many choices ``m`` makes differently from ``target``: among candidates that all
+    match, the one nearest the declared reference is named first."""
+    shifted = int(m.divisor is not None) + int(m.padded_width_budget)
+    return len(_differences(m.config, target)) + shifted
 
 
 _NEAR = 10.0
