@@ -784,11 +784,12 @@ def _distance(m: Match, target: PolicyLossConfig) -> int:
     return len(_differences(m.config, target)) + shifted
 
 
-_NEAR = 10.0
+_NEAR = 100.0
 """How much closer than the reference's own semantics (under its best aggregation) another
 candidate must come to be named when nothing matches: with four corpus losses and hundreds
-of candidates, an unrelated one fits a deviation a few times better by chance (a GRPO loss
-dividing each row by its length + 1 fit GSPO's clip range 2.7x better than GRPO's)."""
+of candidates, an unrelated one fits a deviation several times better by chance (GSPO's
+clip range, swapped, fit a GRPO loss dividing each row by its length + 1/2 8.3x better than
+GRPO's own semantics, tests/test_diagnose_divisors.py)."""
 
 
 def closest(ranking: list[Match], target: PolicyLossConfig) -> tuple[Match, bool]:
