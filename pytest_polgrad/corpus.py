@@ -15,7 +15,7 @@ import torch
 
 __all__ = ["CORPUS_VERSION", "canonical_corpus"]
 
-CORPUS_VERSION = 1
+CORPUS_VERSION = 2
 NAN = float("nan")
 
 # (advantage, lengths-padded row of ratios) per batch; None marks padding.
@@ -44,10 +44,34 @@ _BATCHES: dict[str, tuple[_Row, ...]] = {
         (-0.5, (0.9996, 0.9999, 0.9995, 0.9997, 0.9998, None, None)),
         (2.0, (1.0006, 1.0004, 1.0005, 1.0007, 1.0002, 1.0003, 1.0006)),
     ),
+    # Rollout/trainer mismatch (rho = pi_old / pi_rollout, below) past every IS threshold
+    # the registry uses, with policy ratios inside every clip range.
+    "rollout-mismatch": (
+        (1.0, (1.05, 0.95, 1.1, 1.0, 0.9)),
+        (-0.7, (0.95, 1.1, 1.0, None, None)),
+        (0.5, (1.0, 1.05, None, None, None)),
+        (-1.5, (1.1, 0.9, 1.0, 1.05, None)),
+    ),
+}
+
+# rho = pi_old / pi_rollout per token, for the batches that set it (the others take
+# rollout_logprobs = old_logprobs - 0.5 * ref_gap: rho within [0.905, 1.105]). Far from
+# every threshold: token caps 2 (truncate) and 3 (mask), IcePop's band [0.5, 5], sequence
+# products 2.4 (truncated at 2, kept by a mask at 3) and 3.375 (masked at 3), geometric
+# means far outside [0.999, 1.001].
+_ROLLOUT_RHO: dict[str, tuple[Sequence[float | None], ...]] = {
+    "rollout-mismatch": (
+        (2.5, 1.0, 0.4, 1.2, 1.0),  # truncated at 2 / kept at 3; 0.4 leaves [0.5, 5]
+        (3.5, 1.0, 6.0, None, None),  # masked at 3; 6 leaves [0.5, 5]; product 21
+        (1.5, 1.6, None, None, None),  # each token kept; product 2.4
+        (1.5, 1.5, 1.5, 1.0, None),  # each token kept; product 3.375
+    ),
 }
 
 
-def _batch(rows: tuple[_Row, ...], index: int, advantages: str) -> dict[str, torch.Tensor]:
+def _batch(
+    name: str, rows: tuple[_Row, ...], index: int, advantages: str
+) -> dict[str, torch.Tensor]:
     width = len(rows[0][1])
     mask = torch.tensor([[r is not None for r in row] for _, row in rows])
     b = len(rows)
@@ -75,13 +99,19 @@ def _batch(rows: tuple[_Row, ...], index: int, advantages: str) -> dict[str, tor
         [[0.1 * (((i + 2 * j) % 5) - 2) for j in range(width)] for i in range(b)],
         dtype=torch.float64,
     )
+    rollout_gap = 0.5 * ref_gap
+    if name in _ROLLOUT_RHO:
+        rollout_gap = torch.tensor(
+            [[math.log(r) if r is not None else 0.0 for r in row] for row in _ROLLOUT_RHO[name]],
+            dtype=torch.float64,
+        )
     return {
         "logprobs": torch.where(mask, lp, garbage),
         "old_logprobs": torch.where(mask, lp - log_r, -garbage),
         "advantages": adv,
         "response_mask": mask,
         "ref_logprobs": torch.where(mask, lp - ref_gap, garbage),
-        "rollout_logprobs": torch.where(mask, lp - log_r - 0.5 * ref_gap, garbage),
+        "rollout_logprobs": torch.where(mask, lp - log_r - rollout_gap, garbage),
     }
 
 
@@ -95,6 +125,6 @@ def canonical_corpus(
     """
     out = {}
     for index, (name, rows) in enumerate(_BATCHES.items()):
-        batch = _batch(rows, index, advantages)
+        batch = _batch(name, rows, index, advantages)
         out[name] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
     return out

@@ -786,7 +786,7 @@ def _distance(m: Match, target: PolicyLossConfig) -> int:
 
 _NEAR = 100.0
 """How much closer than the reference's own semantics (under its best aggregation) another
-candidate must come to be named when nothing matches: with four corpus losses and hundreds
+candidate must come to be named when nothing matches: with five corpus losses and hundreds
 of candidates, an unrelated one fits a deviation several times better by chance (GSPO's
 clip range, swapped, fit a GRPO loss dividing each row by its length + 1/2 8.3x better than
 GRPO's own semantics, tests/test_diagnose_divisors.py)."""

@@ -159,3 +159,23 @@ def test_reference_goldens_ignore_float_noise() -> None:
         _differences(stored, Tolerant(noisy, golden.tolerance, golden.scales, golden.corpus)) == []
     )
     assert flatten(noisy, corpus=CORPUS_VERSION).entries.keys() == parse(stored).entries.keys()
+
+
+def test_the_corpus_tells_every_is_correction_apart() -> None:
+    """The ``rollout-mismatch`` batch (corpus version 2) crosses every importance-sampling
+    threshold the registry uses, so the goldens (and the diagnosis, which ranks on the
+    same corpus) tell the corrections apart: every pair of IS-corrected registry entries,
+    and each against no correction, differs there beyond the goldens' tolerance. (On
+    version 1 every rollout ratio lay in [0.905, 1.105]: truncating at 2, masking at 3 and
+    IcePop's band all gave the same outputs.)"""
+    corrected = sorted(n for n, spec in ALGORITHMS.items() if spec.loss.is_correction)
+    assert len(corrected) >= 5, corrected
+    goldens = {n: reference_golden(ALGORITHMS[n].loss, "sequence") for n in corrected}
+    plain = {n: ALGORITHMS[n].loss.replace(is_correction=None) for n in corrected}
+    for name in corrected:
+        without = _differences(_stored(name), reference_golden(plain[name], "sequence"))
+        assert any(d.startswith("rollout-mismatch/") for d in without), name
+        for other in corrected:
+            if other != name and ALGORITHMS[other].loss.replace(is_correction=None) == plain[name]:
+                apart = _differences(_stored(name), goldens[other])
+                assert any(d.startswith("rollout-mismatch/") for d in apart), (name, other)

@@ -3,7 +3,7 @@ check on 60 pooled batches per check, computing in float64, in float32 internall
 float32 and bfloat16 inputs (strict too, where the function's arithmetic is the input
 dtype's). A false alarm on correct code is as bad as a missed bug.
 
-The budget is in pooled batches and dtypes: the four canonical corpus batches every check
+The budget is in pooled batches and dtypes: the canonical corpus batches every check
 runs first count toward ``max_examples`` and are the same for every seed, so one call
 with 60 pooled batches sees as many distinct batches as five seeds with 12 each, without
 running the corpus five times (the pool's choices are uniform and seeded: a seed is just
@@ -21,12 +21,14 @@ import torch
 
 from examples.minitrainer.losses import compute_cispo_loss, compute_policy_loss
 from pytest_polgrad import ConformanceError, assert_conforms
+from pytest_polgrad.corpus import canonical_corpus
 from tests import sample_losses as L
 
 Tensor = torch.Tensor
 SIZES: dict[str, Any] = {"max_batch": 4, "max_length": 24}
-EXAMPLES = 64
-"""The budget counts the 4 canonical corpus batches every check runs first: 60 pooled
+CORPUS = len(canonical_corpus())
+EXAMPLES = CORPUS + 60
+"""The budget counts the canonical corpus batches every check runs first: 60 pooled
 batches per check come after them (59 drawn and one at the sizes' cap)."""
 
 
@@ -157,6 +159,6 @@ def test_every_registry_entry_passes_every_check_on_15_pooled_batches(mode: str,
     wrap, mode_options = MODES[mode]
     fn = _reference_function(name)
     try:
-        assert_conforms(wrap(fn), name, max_examples=19, seed=0, **SIZES, **mode_options)
+        assert_conforms(wrap(fn), name, max_examples=CORPUS + 15, seed=0, **SIZES, **mode_options)
     except ConformanceError as exc:
         pytest.fail(f"false alarm on {name}:\n{str(exc)[:6000]}", pytrace=False)
