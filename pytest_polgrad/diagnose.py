@@ -310,13 +310,40 @@ def _terms(cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor]) -> tuple[fl
     return float(out.policy_loss), 0.0 if kl is None else float(kl)
 
 
+_SIGN_RTOL = {torch.float64: 1e-6, torch.float32: 1e-2}
+"""How closely the per-batch KL coefficients must agree: a float32 loss moves the fitted
+coefficient by about ``u |loss| / |KL term|`` (1e-4 on the corpus); half precision cannot
+tell (no claim is made)."""
+
+
+def _negated_kl(
+    fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolerance
+) -> float | None:
+    """``c < 0`` with ``loss = policy term + c * KL term`` of ``target`` on every corpus
+    batch: the function's KL term enters with the opposite sign (which no config can
+    express, a KL coefficient being >= 0); None otherwise."""
+    rtol = _SIGN_RTOL.get(tolerance.input_dtype)
+    if not target.kl_in_loss or target.kl is None or rtol is None:
+        return None
+    corpus = canonical_corpus(dtype=tolerance.input_dtype, advantages=fut.options.advantages)
+    try:
+        observed = _observe(fut, corpus)
+        unit = target.replace(kl=target.kl.replace(coef=1.0))
+        coef = _solve(corpus, observed, lambda b: _terms(unit, b), rtol=rtol)
+    except (Verdict, PolgradError):
+        return None
+    return coef if coef is not None and coef < 0 else None
+
+
 def _solve(
     corpus: Mapping[str, Mapping[str, torch.Tensor]],
     observed: Mapping[str, tuple[float, torch.Tensor]],
     at: Callable[[Mapping[str, torch.Tensor]], tuple[float, float]],
+    rtol: float = 1e-6,
 ) -> float | None:
     """The constant ``c`` with ``observed = a + c * b`` on every corpus batch, where
-    ``at(batch) -> (a, b)``; None when the batches disagree (not a constant)."""
+    ``at(batch) -> (a, b)``; None when the batches disagree beyond ``rtol`` (not a
+    constant)."""
     values: list[float] = []
     for name, batch in corpus.items():
         a, b = at(batch)
@@ -325,7 +352,7 @@ def _solve(
     if not values or not all(math.isfinite(v) for v in values):
         return None
     c = values[0]
-    if all(abs(v - c) <= 1e-6 * max(abs(c), 1e-12) for v in values):
+    if all(abs(v - c) <= rtol * max(abs(c), 1e-12) for v in values):
         return c
     return None
 
@@ -478,7 +505,55 @@ def _ranking(fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolera
         observed,
         tolerance,
     )
-    return sorted([*ranking, *shifted], key=lambda m: (m.error, m.value_error))
+    ranking = sorted([*ranking, *shifted], key=lambda m: (m.error, m.value_error))
+    if any(m.matches for m in ranking):
+        return ranking
+    # Nothing matches, so one of these is named as the closest: value-only scoring stopped
+    # at the first batch whose value missed and never looked at the gradient, so a
+    # candidate whose value happens to come near (a KL-Cov selection against a KL term of
+    # the wrong sign: 1.2x) would be named although its gradient is 3e5x off. The nearest
+    # few by value, and the nearest few with the reference's own semantics, are scored in
+    # full, and the closest is chosen on value and gradient together.
+    plain = [m for m in ranking if m.divisor is None]  # a shifted divisor is scored in full
+    own = [m for m in plain if _is_own(m, target)][:_RESCORE]
+    todo = {(m.config, m.padded_width_budget): m for m in [*plain[:_RESCORE], *own]}
+    new = {k: _rescored(m, corpus, observed, tolerance) for k, m in todo.items()}
+    ranking = [
+        m if m.divisor is not None else new.get((m.config, m.padded_width_budget), m)
+        for m in ranking
+    ]
+    return sorted(ranking, key=lambda m: (m.error, m.value_error))
+
+
+_RESCORE = 8
+"""How many of the nearest non-matching candidates by value (and of the reference's own
+semantics) get their gradient scored: :func:`closest` names one of them."""
+
+
+def _rescored(
+    m: Match,
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    tolerance: Tolerance,
+) -> Match:
+    """``m`` with value and gradient scored on every corpus batch."""
+    value = grad = 0.0
+    for name, batch in corpus.items():
+        cfg = m.config
+        if m.padded_width_budget:
+            cfg = cfg.replace(budget=batch["response_mask"].shape[1])
+        loss, observed_grad = observed[name]
+        v, g = (
+            math.inf if math.isnan(e) else e
+            for e in _errors(cfg, batch, loss, observed_grad, tolerance)
+        )
+        value, grad = max(value, v), max(grad, g)
+    return dataclasses.replace(m, error=max(value, grad), value_error=value, grad_error=grad)
+
+
+def _is_own(m: Match, target: PolicyLossConfig) -> bool:
+    """``m`` is the reference's own semantics under some aggregation (or budget)."""
+    return m.divisor is None and set(_differences(m.config, target)) <= {"aggregation", "budget"}
 
 
 def _placeholder(cfg: PolicyLossConfig) -> bool:
@@ -759,6 +834,17 @@ def explain(
             f"value is {m.describe()}, gradient is not (a stop-gradient?)",
             None,
         )
+    flipped = _negated_kl(fut, target, tolerance)
+    if flipped is not None:
+        assert target.kl is not None
+        return Explanation(
+            f"no registered semantics matches: on every canonical corpus batch the loss fits "
+            f"the reference's policy term minus {-flipped:.3g} x its KL term, so the KL term "
+            f"enters with the opposite sign (the reference adds {target.kl.coef:g} x KL); "
+            f"{wanted}",
+            f"no match (KL term with the opposite sign, coefficient {flipped:.3g})",
+            None,
+        )
     m, own = closest(ranking, target)
     if own:
         agg = _aggregation_text(m)
@@ -796,12 +882,10 @@ def closest(ranking: list[Match], target: PolicyLossConfig) -> tuple[Match, bool
     """The candidate to name when none matches, and whether it is the reference's own
     semantics under some aggregation (or budget): that one, unless another candidate's
     error is :data:`_NEAR` times smaller."""
-    own = [
-        m
-        for m in ranking
-        if m.divisor is None and set(_differences(m.config, target)) <= {"aggregation", "budget"}
-    ]
-    best = ranking[0]
+    # only a candidate whose gradient was scored too can be named (see _ranking)
+    pool = [m for m in ranking if math.isfinite(m.grad_error)] or ranking
+    own = [m for m in pool if _is_own(m, target)]
+    best = pool[0]
     if own and best.error * _NEAR > own[0].error:
         return own[0], True
     return best, False

@@ -219,3 +219,58 @@ def test_swapped_clip_bounds_are_named() -> None:
     swapped = _reference_loss(get_algorithm("dapo").loss.replace(clip=ClipConfig(0.28, 0.2)))
     found = _explain(swapped, "dapo")
     assert "matches token-mean, token ratio, pg_clip eps 0.28/0.2" in found.text, found.text
+
+
+def _grpo_kl_wrong_sign(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """GRPO's seq-mean-token-mean loss with its k3 KL term (x 0.04) *subtracted*."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    a = advantages[:, None]
+    pg = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.2))
+    lr = ref_logprobs - logprobs
+    k3 = torch.exp(lr) - lr - 1.0
+    per = torch.where(response_mask, pg - 0.04 * k3, 0.0)
+    return (per.sum(dim=1) / response_mask.sum(dim=1)).mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_a_kl_term_of_the_wrong_sign_is_named(dtype: torch.dtype) -> None:
+    """``pg - 0.04 k3`` against GRPO's ``pg + 0.04 k3``: no config can say it (a KL
+    coefficient is >= 0), so the diagnosis fits the coefficient and names the sign; it
+    used to name a KL-Cov candidate "off by 1.18x" (new-user trial)."""
+    found = _explain(_grpo_kl_wrong_sign, "grpo", dtype)
+    assert found.best is None
+    assert "minus 0.04 x its KL term, so the KL term enters with the opposite sign" in found.text
+    assert "kl_cov" not in found.text, found.text
+    assert "minus" not in _explain(_grpo_kl_right_sign, "grpo", dtype).text
+
+
+def _grpo_kl_right_sign(**kw: torch.Tensor) -> torch.Tensor:
+    policy = get_algorithm("grpo").loss
+    return policy_loss(policy, **kw).loss
+
+
+def test_the_closest_candidate_is_chosen_on_value_and_gradient() -> None:
+    """With nothing matching, value-only scoring stops at the first batch whose value
+    misses and never scores the gradient: a KL-Cov candidate came within 1.18x the
+    tolerance in value for the wrong-sign KL loss while its gradient is about 3e5x off,
+    and was named the closest. The nearest candidates by value are now scored in full,
+    and only a fully scored one is named."""
+    from pytest_polgrad.diagnose import Match, closest
+
+    opts = parse_marker(("grpo",), {})
+    ranking = diagnose(FunctionUnderTest(_grpo_kl_wrong_sign, opts), resolve_config(opts),
+                       Tolerance(torch.float64), top=0)  # fmt: skip
+    target = resolve_config(opts)
+    named, _ = closest(ranking, target)
+    assert named.grad_error < float("inf") and named.error == max(
+        named.value_error, named.grad_error
+    )
+    unscored = Match(ranking[-1].config, 1.2, value_error=1.2)  # gradient never looked at
+    scored = Match(target, 500.0, value_error=3.0, grad_error=500.0)  # > 100x the other
+    assert closest([unscored, scored], target) == (scored, True)
