@@ -70,13 +70,20 @@ class ConformanceReport:
             return "expected failure, " + reason
         return "FAILED"
 
+    def _counts(self, r: CheckResult) -> str:
+        """What the row says after the status: what happened, for a verdict (the function
+        raised, returned NaN or a non-tensor: no error in tolerances to show); else the
+        examples and the worst error."""
+        if not r.passed and is_verdict(r):
+            # a declared check's status already quotes the verdict it does not excuse
+            return "" if r.check in self.unexcused else f"(verdict: {brief(r.message)})"
+        return f"({r.examples} examples, worst {r.worst:.3g} tol)"
+
     def summary(self) -> str:
+        """One row per check: its status, then what happened (:meth:`_counts`)."""
         lines = [f"{self.function} against {self.reference!r} ({self.kind}):"]
         for r in self.results:
-            lines.append(
-                f"  {r.check:<18} {self._status(r)}  ({r.examples} examples, worst "
-                f"{r.worst:.3g} tol)"
-            )
+            lines.append(f"  {r.check:<18} {self._status(r)}  {self._counts(r)}".rstrip())
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -90,6 +97,21 @@ class ConformanceReport:
                 f"({self.expected[r.check]!r}) but it passes now; remove it from expect=",
             ]
         return "\n".join(parts)
+
+
+def is_verdict(result: CheckResult) -> bool:
+    """Whether ``result`` failed with a verdict (the function did something no check can
+    compare: raised, returned NaN, a non-tensor, ...) rather than a finding: its
+    ``verdict`` flag where the engine sets one, else its report's ``verdict`` line."""
+    return bool(getattr(result, "verdict", False)) or "\n  verdict " in result.report
+
+
+def brief(message: str, limit: int = 140) -> str:
+    """A verdict in a few words: its first line without the leading "the function "
+    (``raised on a valid batch: RuntimeError: ...``), cut at ``limit`` characters."""
+    lines = message.strip().splitlines()
+    text = lines[0].strip().removeprefix("the function ") if lines else "no message"
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 class ConformanceError(AssertionError):

@@ -6,7 +6,10 @@ the check compared.
 Where the function is importable the snippet imports it under the name pytest collected
 (and puts the directory pytest imported its module from on ``sys.path``, relative to the
 directory the report names); where it is not (defined in ``__main__``, a closure, a
-lambda) the snippet says where to paste its definition.
+lambda) the snippet says where to paste its definition, and puts on ``sys.path`` the
+directories that definition's own imports resolve from (a script's directory, as
+``python check_loss.py`` has it, and where the modules it uses were imported from), so
+the snippet runs from the directory it names when saved outside the project.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import enum
 import functools
 import os
 import sys
+import sysconfig
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +78,10 @@ class Importable:
     bound: str = ""
     """``functools.partial`` keywords as source (``"mode='token-mean'"``) for a function
     collected with ``@pytest.mark.parametrize`` parameters bound in."""
+    search: tuple[str, ...] = ()
+    """For a function that cannot be imported: the ``sys.path`` entries its pasted
+    definition's imports resolve from (relative to ``run_from``, or absolute), ``'.'``
+    (the directory to run from) last (:func:`search_path`)."""
 
     @property
     def call(self) -> str:
@@ -113,6 +122,79 @@ def _import_root(module: Any) -> Path | None:
     return root
 
 
+def _outside_the_project(root: Path) -> bool:
+    """Whether ``root`` is the standard library or an installed packages' directory
+    (which a fresh interpreter has on ``sys.path`` anyway)."""
+    if {"site-packages", "dist-packages"} & set(root.parts):
+        return True
+    paths = sysconfig.get_paths()
+    stdlib = {Path(paths[k]).resolve() for k in ("stdlib", "platstdlib") if k in paths}
+    return any(root == lib or lib in root.parents for lib in stdlib)
+
+
+def _used_names(code: types.CodeType) -> set[str]:
+    """The global names ``code`` and the functions and classes defined in it read."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _used_names(const)
+    return names
+
+
+def _entry(root: Path, run_from: str) -> str:
+    rel = os.path.relpath(root, run_from)
+    return rel if not rel.startswith("..") else str(root)
+
+
+def search_path(fn: Any, run_from: str) -> tuple[str, ...]:
+    """The ``sys.path`` entries a pasted definition of ``fn`` needs for its own imports:
+    the directory of the script it is defined in (``sys.path[0]`` of ``python
+    script.py``) or the root its module was imported from, then the roots of the
+    project's modules it reads (``from mypkg.losses import f`` in the script: where
+    ``mypkg`` was imported from), relative to ``run_from`` where inside it; ``'.'`` last.
+    Installed packages and the standard library are left out (a fresh interpreter finds
+    them)."""
+    fn = _unwrap(fn)
+    roots: list[Path] = []
+    module_name = getattr(fn, "__module__", None)
+    module = sys.modules.get(module_name) if module_name else None
+    scope: dict[str, Any] = getattr(fn, "__globals__", None) or {}
+    file = scope.get("__file__")
+    if module_name == "__main__" or module is None:
+        if isinstance(file, str) and file:
+            roots.append(Path(file).resolve().parent)
+    else:
+        root = _import_root(module)
+        if root is not None:
+            roots.append(root)
+    code = getattr(fn, "__code__", None)
+    for name in sorted(_used_names(code)) if code is not None else []:
+        value = scope.get(name)
+        if value is None:
+            continue
+        used = value if isinstance(value, types.ModuleType) else None
+        if used is None:
+            used = sys.modules.get(str(getattr(value, "__module__", "") or ""))
+        if used is None or used.__name__ == "__main__":
+            continue
+        root = _import_root(used)
+        if root is not None:
+            roots.append(root)
+    out: list[str] = []
+    for root in roots:
+        entry = _entry(root, run_from)
+        if entry != "." and entry not in out and not _outside_the_project(root):
+            out.append(entry)
+    return (*out, ".")
+
+
+def _unwrap(fn: Any) -> Any:
+    """The plain function behind ``functools.partial`` layers."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
 def _bound_source(fn: Any) -> str | None:
     """The keywords of a ``functools.partial`` without positional arguments as source,
     if each value's ``repr`` reads back equal (None otherwise)."""
@@ -140,7 +222,8 @@ def importable(fn: Any, name: str = "") -> Importable:
         if bound is not None and inner.module is not None:
             return dataclasses.replace(inner, bound=bound)
         reason = inner.reason or "its bound parameters are not Python literals"
-        return dataclasses.replace(inner, module=None, path=None, reason=reason)
+        search = inner.search or search_path(fn, inner.run_from)
+        return dataclasses.replace(inner, module=None, path=None, reason=reason, search=search)
     run_from = os.getcwd()
     candidates = [n for n in (name.split("[")[0], getattr(fn, "__name__", "")) if n.isidentifier()]
     module_name = getattr(fn, "__module__", None)
@@ -148,22 +231,26 @@ def importable(fn: Any, name: str = "") -> Importable:
     attribute = candidates[0] if candidates else "fn"
     if module is None or module_name == "__main__":
         where = "in __main__ (a script or an interactive session)"
-        return Importable(attribute, None, None, run_from, where)
+        return Importable(attribute, None, None, run_from, where, search=search_path(fn, run_from))
     found = [n for n in candidates if getattr(module, n, None) is fn]
     found = found or [k for k, v in vars(module).items() if v is fn and k.isidentifier()]
     if not found:  # made by a factory elsewhere (e.g. a framework adapter), bound to a name
         holder = _holder(fn, candidates)
         if holder is None:
             return Importable(
-                attribute, None, None, run_from, f"not as a top-level name of {module_name}"
+                attribute,
+                None,
+                None,
+                run_from,
+                f"not as a top-level name of {module_name}",
+                search=search_path(fn, run_from),
             )
         module, module_name = holder
         found = [n for n in candidates if getattr(module, n, None) is fn]
     root = _import_root(module)
     path = None
     if root is not None and not {"site-packages", "dist-packages"} & set(root.parts):
-        rel = os.path.relpath(root, run_from)
-        path = rel if not rel.startswith("..") else str(root)
+        path = _entry(root, run_from)
     return Importable(found[0], str(module_name), path, run_from)
 
 
@@ -185,10 +272,12 @@ def _holder(fn: Any, names: list[str]) -> tuple[Any, str] | None:
 
 def how_to_run(where: Importable) -> str:
     """What to do with the snippet: run it from ``where.run_from`` (the ``sys.path`` entries
-    it adds are relative to it), or paste the definition of a function it cannot import."""
+    it adds are relative to it), first pasting the definition of a function it cannot
+    import."""
+    run = f"save it as a file and run it with python from {where.run_from}"
     if where.module is not None:
-        return f"save it as a file and run it with python from {where.run_from}"
-    return f"paste the definition of {where.attribute} where marked, then run it"
+        return run
+    return f"paste the definition of {where.attribute} where marked, then {run}"
 
 
 def import_lines(where: Importable) -> list[str]:
@@ -198,9 +287,15 @@ def import_lines(where: Importable) -> list[str]:
     parametrized function, or where to paste a function that cannot be imported."""
     alias = "" if where.call == where.attribute else f" as {where.call}"
     if where.module is None:
-        lines = [
-            "import torch",
-            "",
+        lines = ["import sys", "", "import torch", ""] if where.search else ["import torch", ""]
+        if where.search:
+            lines.append(
+                f"sys.path[:0] = {list(where.search)!r}  # where the imports of "
+                f"{where.attribute}'s definition resolve (the directory of the script "
+                "or module it is defined in, the project's modules it uses), and the "
+                "directory to run from"
+            )
+        lines += [
             f"# {where.attribute} cannot be imported ({where.reason}):",
             f"# paste its definition (and what it uses) here, named {where.attribute}.",
             "",
@@ -213,8 +308,11 @@ def import_lines(where: Importable) -> list[str]:
             "",
             "import torch",
             "",
-            f"sys.path[:0] = [{where.path!r}, '.']  # where pytest imported {where.module} "
-            "from, and the directory to run from (the project's own packages)",
+            f"sys.path[:0] = {[where.path, '.']!r}  # where {where.module} was imported "
+            "from, and the directory to run from (the project's own packages)"
+            if where.path != "."
+            else f"sys.path[:0] = ['.']  # the directory to run from: where {where.module} "
+            "was imported from (the project's own packages)",
             f"from {where.module} import {where.attribute}{alias}",
         ]
     else:
@@ -470,7 +568,7 @@ _KIND_HELPERS = [
     "",
     "",
     "def show(label, actual, against, expected, mask):",
-    '    """Print both and their largest absolute difference (token tensors: at response'
+    '    """Print both and their largest absolute difference (token tensors: at response',
     '    positions); the report lists positions by their error in tolerances instead."""',
     "    a, e = actual.detach().double(), expected.detach().double()",
     "    for name, t in ((label, a), (against, e)):",

@@ -86,7 +86,8 @@ def test_an_unimportable_functions_snippet_opens_with_the_paste_instruction(kind
     else:
         report, name = _aggregation_report(wrong_agg), "wrong_agg"
     assert _first_line(report) == (
-        f"# pytest-polgrad reproduction: paste the definition of {name} where marked, then run it"
+        f"# pytest-polgrad reproduction: paste the definition of {name} where marked, then "
+        f"save it as a file and run it with python from {os.getcwd()}"
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import subprocess
 import sys
@@ -308,7 +309,10 @@ def test_an_unimportable_function_gets_a_paste_instruction() -> None:
     closure = _make(0.2)  # not a module attribute: cannot be imported
     report = _failing(closure, "dapo", "value")
     instruction, code = _snippet(report)
-    assert instruction == "paste the definition of inner where marked, then run it"
+    assert instruction == (
+        "paste the definition of inner where marked, then save it as a file and run it "
+        f"with python from {os.getcwd()}"
+    )
     assert "# paste its definition (and what it uses) here, named inner." in code
     assert "from __main__" not in code
 
@@ -406,7 +410,10 @@ def test_an_assert_conforms_snippet_from_a_script_says_how_to_paste(
     script is run as ``__main__`` with ``runpy``, as ``python check_my_loss.py`` runs it;
     the snippet, its definition pasted, runs in a fresh interpreter)."""
     instruction, code = _made(made, "script")
-    assert instruction == "paste the definition of wrong where marked, then run it"
+    assert instruction == (
+        "paste the definition of wrong where marked, then save it as a file and run it "
+        f"with python from {made['script'].cwd}"
+    )
     assert "from __main__" not in code
     assert "# paste its definition (and what it uses) here, named wrong." in code
     printed = _ran(reproduced, "script").split()

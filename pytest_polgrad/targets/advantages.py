@@ -33,8 +33,16 @@ from ..checks import CheckFailure
 from ..options import ConformanceOptions, MarkerError, did_you_mean
 from ..reproduce import check_lines, config_source, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
-from ..strategies import RewardBatch, left_to_right, reward_batches, right_to_left, row_extents
+from ..strategies import (
+    REWARD_KINDS,
+    RewardBatch,
+    left_to_right,
+    reward_batches,
+    right_to_left,
+    row_extents,
+)
 from ..strategies._sample import filtered
+from ..strategies._snippet import tensor_literal
 from ..target import Verdict
 from . import Diagnosis, KindCheck
 from ._advantage_reference import (
@@ -776,6 +784,23 @@ class AdvantagesKind:
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
         return advantages_snippet(ctx, inputs, check)
 
+    def report(
+        self,
+        ctx: Any,
+        check: KindCheck,
+        exc: AssertionError,
+        inputs: Any,
+        replay: str,
+        diagnose: bool,
+    ) -> tuple[str, str, str]:
+        """The engine's report, of the failing batch as the function sees it
+        (:func:`shown_batch`)."""
+        from ..engine import _Found, _generic_report
+
+        found = _Found(shown_batch(ctx, inputs), exc, "", shrunk=True)  # the engine names
+        kind: Any = self  # a Kind (its corpus returns RewardBatch, a Kind's Inputs)
+        return _generic_report(kind, ctx, check, found, replay, diagnose)  # the source
+
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
         scales: dict[str, EntryScale] = {}
@@ -857,6 +882,68 @@ def diagnose_advantages(ctx: AdvantagesContext, inputs: Any) -> Diagnosis:
             text += "; that match does not hold on the failing batch (a batch-dependent deviation)"
     short = best.names()
     return Diagnosis(text, short[0] if short else best.describe())
+
+
+# ---- the failing batch as reported ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShownBatch(RewardBatch):
+    """A failing batch as a report shows it: only the tensors the function and the
+    reference read (:func:`shown_batch`), described in those terms."""
+
+    def describe(self) -> str:
+        """E.g. ``B=6 in 2 group(s) of sizes [4, 2] (rewards per group: binary, equal),
+        response lengths [1, 3, ...], T=5, float64[, with token_rewards]``."""
+        patterns = f" (rewards per group: {', '.join(self.kinds)})" if self.kinds else ""
+        extra = [n for n in ("token_rewards", "values", "dones") if getattr(self, n) is not None]
+        lengths = [int(n) for n in self.response_mask.sum(dim=1)]
+        return (
+            f"B={self.rewards.shape[0]} in {len(self.group_sizes)} group(s) of sizes "
+            f"{self.group_sizes}{patterns}, response lengths {lengths}, "
+            f"T={self.response_mask.shape[1]}, {str(self.rewards.dtype).removeprefix('torch.')}"
+            + (f", with {', '.join(extra)}" if extra else "")
+        )
+
+
+def shown_batch(ctx: AdvantagesContext, inputs: RewardBatch) -> ShownBatch:
+    """``inputs`` without the tensors neither the function nor the reference reads (a
+    GRPO estimator taking ``(rewards, group_ids)`` reads no ``token_rewards``, ``values``
+    or ``dones``; :func:`expected_advantages` reads per-token rewards only for a token-level
+    estimator of a function that takes them), and without reward-pattern labels that
+    are not patterns (a corpus batch's are its name, which the report states). The check
+    gives the same outcome on it: :func:`_edge_inputs` passes the function only what it
+    takes (``rewards``, ``group_ids`` and ``response_mask`` stay: the kit reads them)."""
+    est = ctx.config.config.estimator
+    read = {
+        "token_rewards": "token_rewards" in ctx.takes and est not in OUTCOME,
+        "values": "values" in ctx.takes,
+        "dones": "dones" in ctx.takes,
+    }
+    fields = {f.name: getattr(inputs, f.name) for f in dataclasses.fields(RewardBatch)}
+    for name, kept in read.items():
+        if not kept:
+            fields[name] = None
+    if not set(inputs.kinds) <= set(REWARD_KINDS):
+        fields["kinds"] = ()
+    return ShownBatch(**fields)
+
+
+def _mask_lines(inputs: RewardBatch) -> tuple[str, str] | None:
+    """``(literal line, compact line)``: the response mask's literal as the batch's
+    snippet writes it, and the one line that rebuilds it from the response lengths (None
+    when the mask is not right-padded, which the canonical layout always is)."""
+    mask = inputs.response_mask
+    lengths = [int(n) for n in mask.sum(dim=1)]
+    width = mask.shape[1]
+    if not torch.equal(mask, torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]):
+        return None
+    literal = f"response_mask = {tensor_literal(mask)}"
+    compact = (
+        f"response_mask = torch.arange({width})[None, :] < torch.tensor({lengths})[:, None]"
+        "  # right-padded: row b holds its response length of True"
+    )
+    return literal, compact
 
 
 # ---- the snippet --------------------------------------------------------------------------
@@ -1029,8 +1116,12 @@ def advantages_snippet(ctx: AdvantagesContext, inputs: RewardBatch, check: KindC
         imports.append(
             "from pytest_polgrad.strategies import left_to_right, right_to_left, row_extents"
         )
+    literals = inputs.to_snippet()
+    compact = _mask_lines(inputs)
+    if compact is not None and compact[0] in literals:
+        literals = literals.replace(compact[0], compact[1])
     return kind_snippet(
-        where, imports=imports, inputs=inputs.to_snippet(), definitions=definitions, check=lines
+        where, imports=imports, inputs=literals, definitions=definitions, check=lines
     )
 
 
