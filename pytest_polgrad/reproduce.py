@@ -174,7 +174,10 @@ def search_path(fn: Any, run_from: str) -> tuple[str, ...]:
             continue
         used = value if isinstance(value, types.ModuleType) else None
         if used is None:
-            used = sys.modules.get(str(getattr(value, "__module__", "") or ""))
+            try:  # a lazy proxy's attribute access may raise anything
+                used = sys.modules.get(str(getattr(value, "__module__", "") or ""))
+            except Exception:
+                continue
         if used is None or used.__name__ == "__main__":
             continue
         root = _import_root(used)
