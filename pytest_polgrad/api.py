@@ -65,7 +65,7 @@ class ConformanceReport:
             if measured is None:
                 return "expected failure: " + self.expected[r.check]
             reason = excused_reason(
-                r.check, self.expected[r.check], measured, self.bounds.get(r.check)
+                r.check, self.expected[r.check], measured, self.bounds.get(r.check), r.worst
             )
             return "expected failure, " + reason
         return "FAILED"

@@ -154,7 +154,8 @@ def judge(ctx: Any, result: Any) -> Judgement:
     if bound is not None and size(measured) > bound:
         return Judgement(
             f"the declared deviation grew: {fmt(size(measured))}x the tolerance on {BASIS}, "
-            f"declared at most {fmt(bound)}x",
+            f"declared at most {fmt(bound)}x (if it did not grow, the pin is below its size: "
+            f"pin at least {fmt(size(measured))})",
             measured,
         )
     return Judgement("", measured)
@@ -178,9 +179,12 @@ def pin_hint(check: str, reason: str, measured: float) -> str:
     return f"pin its size with expect={{{check!r}: ({reason!r}, {fmt(bound)})}}"
 
 
-def excused_reason(check: str, reason: str, measured: float, bound: float | None) -> str:
+def excused_reason(
+    check: str, reason: str, measured: float, bound: float | None, run_worst: float | None = None
+) -> str:
     """The expected-failure reason of an excused check: the declared reason, the size
-    and its basis, and the pin (a hint where none is declared)."""
+    and its basis, the pin (a hint where none is declared), and, when this run's worst
+    error exceeds the size, that the pin bounds the corpus size, not a draw's."""
     s = size(measured)
     if math.isinf(s):
         detail = "an exact property: its deviation has no size in tolerances"
@@ -195,6 +199,13 @@ def excused_reason(check: str, reason: str, measured: float, bound: float | None
         detail = (
             f"{pin_hint(check, reason, measured)}: it measures {fmt(s)}x the tolerance on "
             f"{BASIS}; the pin allows about 1.5x that"
+        )
+    drawn = run_worst is not None and math.isfinite(run_worst) and run_worst > s
+    if drawn and math.isfinite(s) and s > 1:
+        assert run_worst is not None
+        detail += (
+            f"; this run's worst was {fmt(size(run_worst))}x, on a batch it drew: a pin "
+            f"bounds the size on {BASIS}, which no draw changes"
         )
     return f"known deviation: {reason} ({detail})"
 

@@ -327,7 +327,7 @@ class PolgradItem(pytest.Item):
         declared = declared_fields(reason, verdict, bound, data["worst"])
         set_entry(self, _entry(self.target, self.check, {**data, "declared": declared}))
         if verdict.excused:
-            message = excused_reason(self.check, reason, verdict.measured, bound)
+            message = excused_reason(self.check, reason, verdict.measured, bound, result.worst)
             pytest.xfail(message)
             # Only reached under --runxfail (pytest.xfail is then a no-op): a failure.
             raise ConformanceFailure(

@@ -245,6 +245,29 @@ def test_the_reason_of_each_kind_of_size() -> None:
         "known deviation: r (pin its size with expect={'value': ('r', 5.7e+03)}: it measures "
         "3.82e+03x the tolerance on the canonical corpus; the pin allows about 1.5x that)"
     )
+    # a run whose draw went past the size says what the pin bounds (new-user trial: a
+    # report's "worst by 5.46e+04x" next to a pin of 4.03e+04 that holds read as a bug)
+    drawn = excused_reason("gradient", "r", 40250.0, 40300.0, run_worst=54577.0)
+    assert drawn == (
+        "known deviation: r (4.03e+04x the tolerance on the canonical corpus, declared at "
+        "most 4.03e+04x; this run's worst was 5.46e+04x, on a batch it drew: a pin bounds "
+        "the size on the canonical corpus, which no draw changes)"
+    )
+    assert "drew" not in excused_reason("gradient", "r", 40250.0, 40300.0, run_worst=100.0)
+
+
+def test_a_pin_below_the_size_says_what_to_pin() -> None:
+    """A pin set below the size from the start fails as "grew" too; the message says the
+    pin may be the mistake and names the least pin that holds (new-user trial)."""
+    from pytest_polgrad import ConformanceError, assert_conforms
+    from tests.test_expect_semantics import REASON, declared
+
+    with pytest.raises(ConformanceError) as info:
+        assert_conforms(declared, "dapo", checks=("value",), expect={"value": (REASON, 100.0)},
+                        max_examples=5)  # fmt: skip
+    problem = info.value.report.unexcused["value"]
+    assert "the declared deviation grew: 3.82e+03x" in problem
+    assert "(if it did not grow, the pin is below its size: pin at least 3.82e+03)" in problem
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
