@@ -87,9 +87,17 @@ class ConformanceReport:
         return "\n".join(lines)
 
     def __str__(self) -> str:
+        from .report import repeated_verdict, verdict_key
+
         parts = [self.summary()]
+        first: dict[str, str] = {}  # one full report per verdict, as the plugin prints
         for r in self.unexpected_failures:
-            parts += ["", r.report]
+            if not is_verdict(r):
+                parts += ["", r.report]
+                continue
+            seen = first.setdefault(verdict_key(r.message), r.check)
+            shown = r.report if seen == r.check else repeated_verdict(r.report, seen, self.function)
+            parts += ["", shown]
         for r in self.stale_expectations:
             parts += [
                 "",

@@ -259,22 +259,12 @@ class PolgradItem(pytest.Item):
         report = str(result.report)
         if not _is_verdict(report):
             return report
-        # the same cause on differently sized batches is the same verdict
-        key = re.sub(r"\d+", "#", str(result.message))
-        first = self.target.verdicts.setdefault(key, self.check)
+        from .report import repeated_verdict, verdict_key
+
+        first = self.target.verdicts.setdefault(verdict_key(str(result.message)), self.check)
         if first == self.check:
             return report
-        lines = report.splitlines()
-        kept = lines[:1] + [x for x in lines if x.startswith(("  property ", "  verdict "))]
-        replay = [x for x in lines if x.lstrip().startswith("replay ")]
-        return "\n".join(
-            [
-                *kept,
-                f"  (the same verdict as check {first!r} of {self.target.label}: its report "
-                "has the batch, the diagnosis and the snippet)",
-                *replay,
-            ]
-        )
+        return repeated_verdict(report, first, self.target.label)
 
     def __init__(self, *, target: Target, check: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)

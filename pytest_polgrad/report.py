@@ -3,6 +3,7 @@ side by side, a diagnosis, and the command that replays the item."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import TYPE_CHECKING, Any
 
@@ -12,7 +13,7 @@ from .target import Verdict
 if TYPE_CHECKING:
     from .checks import Check, Context
 
-__all__ = ["config_source", "failure_report", "snippet"]
+__all__ = ["config_source", "failure_report", "repeated_verdict", "snippet", "verdict_key"]
 
 SEMANTIC_CHECKS = frozenset({"value", "gradient", "on-policy", "padding-columns", "micro-batch"})
 """Checks whose failure means 'computes other semantics', so a diagnosis is worth running."""
@@ -119,3 +120,22 @@ def _diagnosis(ctx: Context) -> tuple[str, str]:
     if found.best is not None:
         _BEST[_key(ctx)] = found.best
     return found.text, found.summary
+
+
+def verdict_key(message: str) -> str:
+    """What makes two verdicts the same: their message with every number masked (the
+    same cause on differently sized batches is the same verdict)."""
+    return re.sub(r"\d+", "#", message)
+
+
+def repeated_verdict(report: str, first: str, label: str) -> str:
+    """``report`` of a verdict already reported in full by check ``first`` of ``label``:
+    its first line, property and verdict, a pointer to that report, and the replay line."""
+    lines = report.splitlines()
+    kept = lines[:1] + [x for x in lines if x.startswith(("  property ", "  verdict "))]
+    replay = [x for x in lines if x.lstrip().startswith("replay ")]
+    pointer = (
+        f"  (the same verdict as check {first!r} of {label}: its report has the batch, the "
+        "diagnosis and the snippet)"
+    )
+    return "\n".join([*kept, pointer, *replay])

@@ -75,3 +75,18 @@ def test_a_long_verdict_is_cut() -> None:
     assert text.startswith("raised on a valid batch: ValueError: xxx") and text.endswith("...")
     assert len(text) == 140
     assert brief("the function returned NaN\nsecond line") == "returned NaN"
+
+
+def test_one_verdict_is_reported_in_full_once() -> None:
+    """A function that raises fails every check with one verdict: ``str(ConformanceError)``
+    shows its full report once and, for the other checks, the verdict and a pointer, as
+    the plugin does (it printed nine near-identical full reports; new-user trial)."""
+    checks = ("value", "gradient", "deterministic")
+    with pytest.raises(ConformanceError) as info:
+        assert_conforms(boom, "dapo", max_examples=5, checks=checks)
+    text = str(info.value)
+    assert text.count("  reproduce (standalone):") == 1, text
+    assert text.count("RuntimeError: shape mismatch in my kernel") >= len(checks)
+    for check in checks[1:]:
+        assert "(the same verdict as check 'value' of boom: its report has the batch" in text
+    assert text.count("does not conform to 'dapo'") == len(checks)
