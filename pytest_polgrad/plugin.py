@@ -444,6 +444,14 @@ class Reporter:
                 "functions, then run pytest --snapshot-update and commit the new files",
                 yellow=True,
             )
+        pinned = _goldens_of_failing_functions(self.results)
+        if pinned and self.config.getoption("--snapshot-update", default=False):
+            tr.write_line(
+                f"polgrad: --snapshot-update recorded the golden of {len(pinned)} function(s) "
+                f"that fail other checks: {', '.join(pinned)}. A golden pins what a function "
+                "computes now; review those failures before committing the snapshots",
+                yellow=True,
+            )
         path = settings(self.config).report
         if path is not None:
             ordered = sorted(self.results, key=lambda r: str(r["nodeid"]))
@@ -453,6 +461,20 @@ class Reporter:
                 tr.write_line(f"polgrad JSON report NOT written: {exc}", red=True)
             else:
                 tr.write_line(f"polgrad JSON report written to {path}")
+
+
+def _goldens_of_failing_functions(results: list[dict[str, Any]]) -> list[str]:
+    """The functions whose golden passed (under ``--snapshot-update``: was recorded) while
+    another of their checks failed (an excused, declared deviation is not a failure)."""
+    golden: set[str] = set()
+    failing: set[str] = set()
+    for r in results:
+        name = str(r["function"])
+        if r.get("check") == "golden" and r.get("status") == "passed":
+            golden.add(name)
+        elif r.get("check") != "golden" and r.get("status") == "failed":
+            failing.add(name)
+    return sorted(golden & failing)
 
 
 def _in_check_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
