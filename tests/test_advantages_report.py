@@ -81,6 +81,7 @@ def test_the_snippet_builds_only_what_the_function_and_reference_read(
     assert {"rewards", "group_ids", "response_mask", "inputs"} <= built
     assert not {"token_rewards", "values", "dones"} & built, built
     assert "1000.0" not in code
+    assert "Whitening" not in code and "token_level_rewards" not in code  # nothing unused
     assert (
         "inputs = dict(rewards=rewards, group_ids=group_ids, response_mask=response_mask)" in code
     )

@@ -1107,11 +1107,14 @@ def advantages_snippet(ctx: AdvantagesContext, inputs: RewardBatch, check: KindC
     else:  # value, extreme-values, singleton-constant; inputs-unchanged, deterministic
         mode = check.name if check.name in ("inputs-unchanged", "deterministic") else "value"
         lines = check_lines(mode)
-    imports = [
-        "from polgrad_reference import AdvantageConfig",
-        "from polgrad_reference.advantages import Whitening, token_level_rewards",
-        "from pytest_polgrad.targets.advantages import AdvantageReference, expected_advantages",
-    ]
+    body = "\n".join([*definitions, *lines])
+    helpers = [n for n in ("Whitening", "token_level_rewards") if f"{n}(" in body]
+    imports = ["from polgrad_reference import AdvantageConfig"]
+    if helpers:  # only what the snippet calls
+        imports.append(f"from polgrad_reference.advantages import {', '.join(helpers)}")
+    imports.append(
+        "from pytest_polgrad.targets.advantages import AdvantageReference, expected_advantages"
+    )
     if ctx.options.layout == "left":
         imports.append(
             "from pytest_polgrad.strategies import left_to_right, right_to_left, row_extents"
