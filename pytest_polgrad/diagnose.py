@@ -639,7 +639,8 @@ def holds_on(
     except Verdict:
         return False
     assert ev.grad is not None
-    v, g = _errors(cfg, batch, float(ev.loss), ev.grad.to(torch.float64), tolerance, match.divisor)
+    loss, grad = float(ev.loss), ev.grad.to(torch.float64)
+    v, g = _errors(cfg, batch, loss, grad, tolerance, match.divisor, as_checked=True)
     return max(v, g) <= 1.0
 
 
@@ -650,15 +651,21 @@ def _errors(
     grad: torch.Tensor,
     tolerance: Tolerance,
     divisor: Divisor | None = None,
+    *,
+    as_checked: bool = False,
 ) -> tuple[float, float]:
     """``(value error, gradient error)`` of ``cfg`` (its divisor shifted by ``divisor``)
-    against the observed loss and gradient."""
+    against the observed loss and gradient; ``as_checked``: with the native scales the
+    value and gradient checks use at the input precision (``Tolerance._pick``), so a batch
+    a check failed on is never judged a match."""
     try:
         ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest)
         shifted = None if divisor is None else _shifted(cfg, divisor, batch)
     except PolgradError:
         return math.inf, math.inf
     expected, scale, g_ref, g_scale = ref.loss, ref.value_scale, ref.grad, ref.grad_scale
+    v_native = ref.value_scale_native if as_checked else None
+    g_native = ref.grad_scale_native if as_checked else None
     if divisor is not None:
         if shifted is None:
             return math.inf, math.inf
@@ -669,9 +676,11 @@ def _errors(
         # rho_b row by row; max(rho) bounds the value scale (pytest_polgrad/divisor.py)
         expected, scale = float((rho * terms).sum()), scale * float(rho.max())
         g_ref, g_scale = g_ref * rho, g_scale * rho
-    value = tolerance.value(loss, expected, scale, ref.n_tokens).error
+        v_native = None if v_native is None else v_native * float(rho.max())
+        g_native = None if g_native is None else g_native * rho
+    value = tolerance.value(loss, expected, scale, ref.n_tokens, native_scale=v_native).error
     where = batch["response_mask"] & ~ref.ambiguous
-    g = tolerance.tensor(grad, g_ref, g_scale, where)[0].error
+    g = tolerance.tensor(grad, g_ref, g_scale, where, native_scale=g_native)[0].error
     return value, g
 
 

@@ -242,3 +242,19 @@ def test_a_shifted_match_holds_on_another_batch_and_another_shift_does_not() -> 
     assert not holds_on(
         type(best)(best.config, best.error, divisor=wrong), ctx.fut, batch, ctx.tolerance
     )
+
+
+def test_a_match_does_not_hold_on_a_batch_the_check_failed_on() -> None:
+    """In bfloat16 the corpus cannot tell GRPO from a GRPO dividing each row by length + 1,
+    so the diagnosis names the reference itself; on the failing batch ``holds_on`` judged
+    the reference a match (1.94x the tolerance was accepted: it compared without the
+    native scale the value check uses) and the report did not say that the corpus match
+    fails there. It now compares as the check did."""
+    from pytest_polgrad import ConformanceError, assert_conforms
+
+    fn = _ppo_clip_loss(0.2, 0.2, _grpo_row_plus(1), None)
+    with pytest.raises(ConformanceError) as info:
+        assert_conforms(fn, "grpo", dtype="bfloat16", checks=("value",), max_examples=30)
+    (result,) = info.value.report.results
+    assert "the reference itself" in result.diagnosis, result.diagnosis
+    assert "That match does not hold on the failing batch" in result.diagnosis
