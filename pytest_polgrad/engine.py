@@ -453,6 +453,9 @@ def _report(
     if custom is not None:
         text, diagnosis, match = custom(ctx, check, found.exc, found.inputs, replay, diagnose)
     else:
+        shown = getattr(kind, "shown", None)
+        if shown is not None:
+            found = dataclasses.replace(found, inputs=shown(ctx, found.inputs))
         text, diagnosis, match = _generic_report(kind, ctx, check, found, replay, diagnose)
     if not found.shrunk:
         text = text.replace("(the smallest Hypothesis found)", f"(the {found.source})")

@@ -187,6 +187,10 @@ OPTIONAL_HOOKS = {
         "report(ctx, check, exc, inputs, replay, diagnose) -> (text, diagnosis, match): the "
         "kind's own failure report (default: the engine's, from snippet and diagnose)"
     ),
+    "shown": (
+        "shown(ctx, inputs) -> Inputs: the failing inputs as the engine's report describes "
+        "them and its snippet builds them (e.g. only the tensors the function reads)"
+    ),
 }
 """Methods a kind may define beyond :class:`Kind`; the engine uses them when present."""
 

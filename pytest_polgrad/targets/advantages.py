@@ -784,22 +784,9 @@ class AdvantagesKind:
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
         return advantages_snippet(ctx, inputs, check)
 
-    def report(
-        self,
-        ctx: Any,
-        check: KindCheck,
-        exc: AssertionError,
-        inputs: Any,
-        replay: str,
-        diagnose: bool,
-    ) -> tuple[str, str, str]:
-        """The engine's report, of the failing batch as the function sees it
-        (:func:`shown_batch`)."""
-        from ..engine import _Found, _generic_report
-
-        found = _Found(shown_batch(ctx, inputs), exc, "", shrunk=True)  # the engine names
-        kind: Any = self  # a Kind (its corpus returns RewardBatch, a Kind's Inputs)
-        return _generic_report(kind, ctx, check, found, replay, diagnose)  # the source
+    def shown(self, ctx: Any, inputs: Any) -> RewardBatch:
+        """The failing batch as the function sees it (:func:`shown_batch`)."""
+        return shown_batch(ctx, inputs)
 
     def golden(self, ctx: Any) -> Tolerant:
         data: dict[str, dict[str, torch.Tensor]] = {}
