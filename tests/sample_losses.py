@@ -3,12 +3,33 @@ deliberately wrong twin per check. Each docstring names the bug."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 Tensor = torch.Tensor
+
+
+def reference_loss(cfg: Any, name: str = "reference_loss") -> Callable[..., Tensor]:
+    """The reference's own loss for ``cfg`` as a function under test, taking exactly the
+    tensors ``cfg`` reads: the four core ones, plus ``ref_logprobs`` with an as-loss KL
+    term and ``rollout_logprobs`` with an IS correction (the kit reads the signature)."""
+    from polgrad_reference import policy_loss
+    from pytest_polgrad.oracle import Oracle
+
+    names = ("logprobs", "old_logprobs", "advantages", "response_mask", *Oracle(cfg).needs)
+
+    def loss(**inputs: Tensor) -> Tensor:
+        out: Tensor = policy_loss(cfg, **inputs).loss
+        return out
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    loss.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in names])  # type: ignore[attr-defined]
+    loss.__name__ = loss.__qualname__ = name
+    return loss
 
 
 def _token_mean(per_token: Tensor, response_mask: Tensor) -> Tensor:

@@ -16,13 +16,13 @@ from polgrad_reference import (
     KLEstimator,
     KLRatioWeight,
     get_algorithm,
-    policy_loss,
 )
 from pytest_polgrad.diagnose import Explanation, diagnose, explain
 from pytest_polgrad.engine import resolve_config
 from pytest_polgrad.options import parse_marker
 from pytest_polgrad.target import FunctionUnderTest
 from pytest_polgrad.tolerance import Tolerance
+from tests.sample_losses import reference_loss
 
 Loss = Callable[..., torch.Tensor]
 
@@ -36,33 +36,6 @@ def _explain(fn: Loss, reference: str, dtype: torch.dtype = torch.float64) -> Ex
         reference=reference,
         reference_id=reference,
     )
-
-
-def _reference_loss(cfg: Any, *, with_ref: bool = False) -> Loss:
-    if with_ref:
-
-        def with_kl(logprobs, old_logprobs, advantages, response_mask, ref_logprobs):  # type: ignore[no-untyped-def]
-            return policy_loss(
-                cfg,
-                logprobs=logprobs,
-                old_logprobs=old_logprobs,
-                advantages=advantages,
-                response_mask=response_mask,
-                ref_logprobs=ref_logprobs,
-            ).loss
-
-        return with_kl
-
-    def plain(logprobs, old_logprobs, advantages, response_mask):  # type: ignore[no-untyped-def]
-        return policy_loss(
-            cfg,
-            logprobs=logprobs,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            response_mask=response_mask,
-        ).loss
-
-    return plain
 
 
 def _ppo_token_mean(eps_high: float, *, dual: float | None, detach_clipped: bool = False) -> Loss:
@@ -106,7 +79,7 @@ def test_value_matches_but_gradient_does_not_is_a_stop_gradient_diagnosis() -> N
 
 
 def test_a_correct_loss_is_not_called_a_stop_gradient_bug() -> None:
-    found = _explain(_reference_loss(get_algorithm("dapo").loss), "dapo")
+    found = _explain(reference_loss(get_algorithm("dapo").loss), "dapo")
     assert found.best is not None and "stop-gradient" not in found.text
     assert found.summary.startswith("is ") and "dapo" in found.summary
 
@@ -122,7 +95,7 @@ def test_unstated_constant_is_named_with_its_marker_line(
     reference: str, changes: dict[str, Any], keyword: str
 ) -> None:
     cfg = get_algorithm(reference).derive(**changes).loss
-    found = _explain(_reference_loss(cfg), reference)
+    found = _explain(reference_loss(cfg), reference)
     assert "does not publish" in found.text, found.text
     assert f'@pytest.mark.polgrad_conforms("{reference}", {keyword})' in found.text
 
@@ -132,14 +105,14 @@ def test_unstated_kl_coefficient_is_named() -> None:
     assert spec.loss.kl is not None
     cfg = spec.loss.replace(kl=spec.loss.kl.replace(coef=0.01))
     # grpo's KL coefficient is stated (0.04, Sec. 4.2): a different one is NOT excused.
-    found = _explain(_reference_loss(cfg, with_ref=True), "grpo")
+    found = _explain(reference_loss(cfg), "grpo")
     assert "does not publish" not in found.text
     assert "k3 KL x 0.01 in the loss" in found.text
 
 
 def test_a_stated_difference_gets_no_unstated_hint() -> None:
     # DAPO publishes eps_high = 0.28 (Sec. 3.1): eps 0.2 is a real deviation.
-    found = _explain(_reference_loss(get_algorithm("dapo").derive(eps_high=0.2).loss), "dapo")
+    found = _explain(reference_loss(get_algorithm("dapo").derive(eps_high=0.2).loss), "dapo")
     assert "does not publish" not in found.text
     assert "pg_clip eps 0.2/0.2" in found.summary
 
@@ -148,21 +121,21 @@ def test_kl_estimator_refinement_finds_another_estimator() -> None:
     spec = get_algorithm("grpo")
     assert spec.loss.kl is not None
     cfg = spec.loss.replace(kl=spec.loss.kl.replace(estimator=KLEstimator.K2))
-    found = _explain(_reference_loss(cfg, with_ref=True), "grpo")
+    found = _explain(reference_loss(cfg), "grpo")
     assert "k2 KL x 0.04 in the loss" in found.summary
 
 
 def test_top_zero_returns_the_whole_ranking() -> None:
     opts = parse_marker(("dapo",), {})
-    fut = FunctionUnderTest(_reference_loss(get_algorithm("dapo").loss), opts)
+    fut = FunctionUnderTest(reference_loss(get_algorithm("dapo").loss), opts)
     everything = diagnose(fut, resolve_config(opts), Tolerance(torch.float64), top=0)
     assert len(everything) > 100
     assert everything[0].matches
     assert [m.error for m in everything] == sorted(m.error for m in everything)
 
 
-def _variant_found(reference: str, variant: Any, with_ref: bool = False) -> Explanation:
-    found = _explain(_reference_loss(variant, with_ref=with_ref), reference)
+def _variant_found(reference: str, variant: Any) -> Explanation:
+    found = _explain(reference_loss(variant), reference)
     assert found.best is not None, found.text
     assert found.best.config == variant or found.best.error <= 1.0
     return found
@@ -195,14 +168,14 @@ def test_kl_variants_are_found(estimator: KLEstimator, weight: KLRatioWeight, wo
     spec = get_algorithm("grpo")
     assert spec.loss.kl is not None
     variant = spec.loss.replace(kl=spec.loss.kl.replace(estimator=estimator, ratio_weight=weight))
-    found = _variant_found("grpo", variant, with_ref=True)
+    found = _variant_found("grpo", variant)
     assert words in found.summary, found.summary
 
 
 def test_straight_through_k3_is_not_confused_with_k3() -> None:
     # k3+ has k3's value but k2's gradient: a plain k3 function must be told apart.
     spec = get_algorithm("grpo")
-    found = _explain(_reference_loss(spec.loss, with_ref=True), "grpo")
+    found = _explain(reference_loss(spec.loss), "grpo")
     assert "k3 KL x 0.04" in found.summary and "k3+" not in found.summary
 
 
@@ -216,7 +189,7 @@ def test_a_surrogate_parameters_are_part_of_the_description() -> None:
 def test_swapped_clip_bounds_are_named() -> None:
     """eps_low and eps_high in each other's place (new-user trial: it read "no match,
     closest 0.3/0.3")."""
-    swapped = _reference_loss(get_algorithm("dapo").loss.replace(clip=ClipConfig(0.28, 0.2)))
+    swapped = reference_loss(get_algorithm("dapo").loss.replace(clip=ClipConfig(0.28, 0.2)))
     found = _explain(swapped, "dapo")
     assert "matches token-mean, token ratio, pg_clip eps 0.28/0.2" in found.text, found.text
 
@@ -247,12 +220,7 @@ def test_a_kl_term_of_the_wrong_sign_is_named(dtype: torch.dtype) -> None:
     assert found.best is None
     assert "minus 0.04 x its KL term, so the KL term enters with the opposite sign" in found.text
     assert "kl_cov" not in found.text, found.text
-    assert "minus" not in _explain(_grpo_kl_right_sign, "grpo", dtype).text
-
-
-def _grpo_kl_right_sign(**kw: torch.Tensor) -> torch.Tensor:
-    policy = get_algorithm("grpo").loss
-    return policy_loss(policy, **kw).loss
+    assert "minus" not in _explain(reference_loss(get_algorithm("grpo").loss), "grpo", dtype).text
 
 
 def test_the_closest_candidate_is_chosen_on_value_and_gradient() -> None:

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import torch
 
-from polgrad_reference import ALGORITHMS, get_algorithm, policy_loss
+from polgrad_reference import ALGORITHMS, get_algorithm
 from pytest_polgrad.diagnose import Explanation, explain
 from pytest_polgrad.engine import build_context, run_check
 from pytest_polgrad.options import ConformanceOptions, parse_marker
+from tests.sample_losses import reference_loss
 
 _K3_NOTE = "k3's gradient is not the gradient of KL(pi || ref)"
 
@@ -57,19 +58,6 @@ def _explain(fn: Any, reference: str) -> Explanation:
     return explain(ctx.fut, ctx.config, ctx.tolerance, reference=reference, reference_id=reference)
 
 
-def _loss(cfg: Any) -> Any:
-    def loss(logprobs, old_logprobs, advantages, response_mask):  # type: ignore[no-untyped-def]
-        return policy_loss(
-            cfg,
-            logprobs=logprobs,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            response_mask=response_mask,
-        ).loss
-
-    return loss
-
-
 def _note(reference: str, knob: str) -> str:
     return next(u.note for u in ALGORITHMS[reference].unstated if u.knob == knob)
 
@@ -77,7 +65,7 @@ def _note(reference: str, knob: str) -> str:
 def test_a_dual_clip_is_not_excused_by_the_eps_note() -> None:
     # grpo's registry leaves eps open ("clip"), not a dual clip: no unstated-constant line
     cfg = get_algorithm("grpo").derive(kl=None, dual_clip=3.0).loss
-    found = _explain(_loss(cfg), "grpo")
+    found = _explain(reference_loss(cfg), "grpo")
     assert found.best is not None and "dual-clip 3" in found.summary, found.text
     assert "does not publish" not in found.text, found.text
     assert _note("grpo", "clip") not in found.text
@@ -85,7 +73,7 @@ def test_a_dual_clip_is_not_excused_by_the_eps_note() -> None:
 
 def test_an_eps_difference_quotes_the_eps_note() -> None:
     cfg = get_algorithm("grpo").derive(kl=None, eps_low=0.3, eps_high=0.3).loss
-    found = _explain(_loss(cfg), "grpo")
+    found = _explain(reference_loss(cfg), "grpo")
     assert "does not publish" in found.text, found.text
     assert f"clip.eps_low (registry value 'eps_low=eps_high=0.2': {_note('grpo', 'clip')})" in (
         found.text
@@ -95,7 +83,7 @@ def test_an_eps_difference_quotes_the_eps_note() -> None:
 
 def test_eps_and_dual_clip_together_are_not_excused() -> None:
     cfg = get_algorithm("grpo").derive(kl=None, eps_low=0.3, eps_high=0.3, dual_clip=3.0).loss
-    found = _explain(_loss(cfg), "grpo")
+    found = _explain(reference_loss(cfg), "grpo")
     assert found.best is not None and "dual-clip 3" in found.summary, found.text
     assert "does not publish" not in found.text, found.text
 
@@ -103,7 +91,7 @@ def test_eps_and_dual_clip_together_are_not_excused() -> None:
 def test_each_knob_quotes_its_own_note() -> None:
     # dr_grpo leaves both its budget and its eps open, with different notes
     cfg = get_algorithm("dr_grpo").derive(budget=1024, eps_low=0.3, eps_high=0.3).loss
-    found = _explain(_loss(cfg), "dr_grpo")
+    found = _explain(reference_loss(cfg), "dr_grpo")
     assert "does not publish" in found.text, found.text
     budget, eps = _note("dr_grpo", "budget"), _note("dr_grpo", "clip")
     assert f"budget (registry value 4096: {budget})" in found.text, found.text

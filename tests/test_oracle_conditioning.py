@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import pytest
 import torch
 
 from polgrad_reference import ALGORITHMS, policy_loss
@@ -56,12 +57,8 @@ def test_sapo_in_float32_passes_past_the_gate_and_a_wrong_tau_is_caught() -> Non
     ok = build_context(_reference("sapo", float32=True), opts)
     check_gradient(ok, SAPO_TOKEN)  # raised 1.02x the tolerance before the curvature term
     wrong = build_context(_reference("sapo", float32=True, tau_neg=1.1), opts)
-    try:
+    with pytest.raises(CheckFailure):  # tau_neg 1.1 against 1.05 fails the gradient check
         check_gradient(wrong, SAPO_TOKEN)
-    except CheckFailure:
-        pass
-    else:
-        raise AssertionError("tau_neg 1.1 against 1.05 passed the gradient check")
 
 
 # the sweep's DRO case: one token with advantage 0, so the loss is the penalty
@@ -79,12 +76,8 @@ def test_dro_in_float32_at_zero_advantage_passes_and_a_wrong_beta_is_caught() ->
     ok = build_context(_reference("dro", float32=True), opts)
     check_value(ok, DRO_TOKEN)  # raised 1.11x the tolerance before the penalty slope term
     wrong = build_context(_reference("dro", float32=True, beta=1.001), opts)
-    try:
+    with pytest.raises(CheckFailure):  # beta 1.001 against 1.0 fails the value check
         check_value(wrong, DRO_TOKEN)
-    except CheckFailure:
-        pass
-    else:
-        raise AssertionError("beta 1.001 against 1.0 passed the value check")
 
 
 def test_the_curvature_term_is_one_where_the_gradient_is_proportional_to_r() -> None:
@@ -125,12 +118,8 @@ def test_kl_cov_with_a_wrong_coefficient_is_still_caught_on_a_clear_selection() 
     batch = {k: (v.float() if v.is_floating_point() else v) for k, v in _near_tie(0.05).items()}
     check_value(build_context(_reference("kl_cov", float32=True), opts), batch)
     wrong = build_context(_reference("kl_cov", float32=True, kl_coef=2.0), opts)
-    try:
+    with pytest.raises(CheckFailure):  # kl_coef 2 against 1 fails the value check
         check_value(wrong, batch)
-    except CheckFailure:
-        pass
-    else:
-        raise AssertionError("kl_coef 2 against 1 passed the value check")
 
 
 def test_the_value_only_oracle_matches_the_full_one_bitwise() -> None:

@@ -111,40 +111,9 @@ def _reference_function(name: str) -> Callable[..., Any]:
     tensors its config needs (a stand-in for the framework-mode entries that have no
     independent implementation in the suite: the sweep then probes the tolerance model
     on their surrogates, kinks and corrections)."""
-    from polgrad_reference import ALGORITHMS, policy_loss
+    from polgrad_reference import ALGORITHMS
 
-    cfg = ALGORITHMS[name].loss
-
-    def plain(
-        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
-    ) -> Tensor:
-        return policy_loss(
-            cfg,
-            logprobs=logprobs,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            response_mask=response_mask,
-        ).loss
-
-    def with_rollout(
-        logprobs: Tensor,
-        old_logprobs: Tensor,
-        advantages: Tensor,
-        response_mask: Tensor,
-        rollout_logprobs: Tensor,
-    ) -> Tensor:
-        return policy_loss(
-            cfg,
-            logprobs=logprobs,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            response_mask=response_mask,
-            rollout_logprobs=rollout_logprobs,
-        ).loss
-
-    fn = with_rollout if cfg.is_correction is not None else plain
-    fn.__name__ = fn.__qualname__ = f"reference_{name}"
-    return fn
+    return L.reference_loss(ALGORITHMS[name].loss, f"reference_{name}")
 
 
 def _registry_rest() -> list[str]:
