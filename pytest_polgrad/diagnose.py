@@ -317,7 +317,10 @@ tell (no claim is made)."""
 
 
 def _negated_kl(
-    fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolerance
+    target: PolicyLossConfig,
+    corpus: Mapping[str, Mapping[str, torch.Tensor]],
+    observed: Mapping[str, tuple[float, torch.Tensor]],
+    tolerance: Tolerance,
 ) -> float | None:
     """``c < 0`` with ``loss = policy term + c * KL term`` of ``target`` on every corpus
     batch: the function's KL term enters with the opposite sign (which no config can
@@ -325,12 +328,10 @@ def _negated_kl(
     rtol = _SIGN_RTOL.get(tolerance.input_dtype)
     if not target.kl_in_loss or target.kl is None or rtol is None:
         return None
-    corpus = canonical_corpus(dtype=tolerance.input_dtype, advantages=fut.options.advantages)
+    unit = target.replace(kl=target.kl.replace(coef=1.0))
     try:
-        observed = _observe(fut, corpus)
-        unit = target.replace(kl=target.kl.replace(coef=1.0))
         coef = _solve(corpus, observed, lambda b: _terms(unit, b), rtol=rtol)
-    except (Verdict, PolgradError):
+    except PolgradError:
         return None
     return coef if coef is not None and coef < 0 else None
 
@@ -478,9 +479,24 @@ def diagnose(
     return _ranking(fut, target, tolerance)[: top if top > 0 else None]
 
 
-def _ranking(fut: FunctionUnderTest, target: PolicyLossConfig, tolerance: Tolerance) -> list[Match]:
+_Observed = tuple[
+    Mapping[str, Mapping[str, torch.Tensor]], Mapping[str, tuple[float, torch.Tensor]]
+]
+"""The canonical corpus and the function's ``(loss, gradient)`` on each of its batches."""
+
+
+def _observed(fut: FunctionUnderTest, tolerance: Tolerance) -> _Observed:
     corpus = canonical_corpus(dtype=tolerance.input_dtype, advantages=fut.options.advantages)
-    observed = _observe(fut, corpus)
+    return corpus, _observe(fut, corpus)
+
+
+def _ranking(
+    fut: FunctionUnderTest,
+    target: PolicyLossConfig,
+    tolerance: Tolerance,
+    on_corpus: _Observed | None = None,
+) -> list[Match]:
+    corpus, observed = _observed(fut, tolerance) if on_corpus is None else on_corpus
     seen: set[tuple[PolicyLossConfig, bool]] = set()
     first = _rank(_first_pass(target, fut), target, corpus, observed, tolerance, seen)
     first.sort(key=lambda m: m.error)
@@ -806,7 +822,8 @@ def explain(
     'the value matches X but the gradient does not', or the closest candidate."""
     wanted = f"the reference {reference_id!r} is {describe_config(target)}"
     try:
-        ranking = _ranking(fut, target, tolerance)
+        on_corpus = _observed(fut, tolerance)
+        ranking = _ranking(fut, target, tolerance, on_corpus)
     except Verdict as exc:
         return Explanation(f"not diagnosed ({exc}); {wanted}", "not diagnosed", None)
     full = sorted((m for m in ranking if m.matches), key=lambda m: (_distance(m, target), m.error))
@@ -843,7 +860,7 @@ def explain(
             f"value is {m.describe()}, gradient is not (a stop-gradient?)",
             None,
         )
-    flipped = _negated_kl(fut, target, tolerance)
+    flipped = _negated_kl(target, *on_corpus, tolerance)
     if flipped is not None:
         assert target.kl is not None
         return Explanation(
