@@ -154,23 +154,18 @@ class Oracle:
         backward pass, the gradient scales or the kink data: what ranking many candidate
         configs on the corpus needs (the diagnosis)."""
         x = self._inputs(batch)
-        out = self.reference(batch, x)
         with torch.no_grad():
+            out = policy_loss(self.config, **x)
             mask = out.response_mask
-            cond = (
-                1.0
-                + torch.where(mask, x["logprobs"], 0.0).abs()
-                + torch.where(mask, x["old_logprobs"], 0.0).abs()
-            ).amax(dim=1, keepdim=True)
+            lp0, old0 = (torch.where(mask, x[k], 0.0) for k in ("logprobs", "old_logprobs"))
+            cond = (1.0 + lp0.abs() + old0.abs()).amax(dim=1, keepdim=True)
             adv = self._token_advantages(x, x["logprobs"])
             return out.loss.item(), self._value_scale(out, x, adv, cond, cond), int(mask.sum())
 
-    def reference(
-        self, batch: Mapping[str, torch.Tensor], inputs: Mapping[str, torch.Tensor] | None = None
-    ) -> PolicyLossOutput:
+    def reference(self, batch: Mapping[str, torch.Tensor]) -> PolicyLossOutput:
         """The reference's output on ``batch`` upcast to float64, without autograd."""
         with torch.no_grad():
-            return policy_loss(self.config, **(self._inputs(batch) if inputs is None else inputs))
+            return policy_loss(self.config, **self._inputs(batch))
 
     def _inputs(self, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The tensors the config reads, floats upcast to float64 (exactly)."""
