@@ -230,8 +230,13 @@ def _runs(ctx: Any, check: str) -> bool:
     return wanted is None or check in wanted
 
 
+def _equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise equality, NaN equal to NaN."""
+    return (a == b) | (torch.isnan(a) & torch.isnan(b))
+
+
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return bool(_equal(a, b).all())
 
 
 def _stateful(ctx: Any, kw: Mapping[str, Any], first: torch.Tensor, check: str) -> bool:
@@ -247,10 +252,13 @@ def _stateful(ctx: Any, kw: Mapping[str, Any], first: torch.Tensor, check: str) 
     return True
 
 
-def _check_value(ctx: Any, kw: Mapping[str, Any], check: str = "value") -> float:
+def _check_value(
+    ctx: Any, kw: Mapping[str, Any], check: str = "value", rows: torch.Tensor | None = None
+) -> float:
+    """The function against the reference (on ``rows`` only, when given)."""
     actual, _ = call_advantages(ctx, kw)
     try:
-        return _compare(ctx, kw, actual, _reference(ctx, kw))
+        return _compare(ctx, kw, actual, _reference(ctx, kw), rows=rows)
     except CheckFailure:
         if _stateful(ctx, kw, actual, check):
             return 0.0
@@ -315,13 +323,7 @@ def _check_degenerate(ctx: Any, kw: Mapping[str, Any]) -> float:
     rows = _degenerate_rows(kw)
     if not bool(rows.any()):
         return 0.0  # a corpus batch with no such group: nothing of this check's to judge
-    actual, _ = call_advantages(ctx, kw)
-    try:
-        return _compare(ctx, kw, actual, _reference(ctx, kw), rows=rows)
-    except CheckFailure:
-        if _stateful(ctx, kw, actual, "singleton-constant"):
-            return 0.0
-        raise
+    return _check_value(ctx, kw, "singleton-constant", rows=rows)
 
 
 def _own(
@@ -339,7 +341,7 @@ def _own(
     perm]``) that differs from ``base`` is the deterministic check's finding
     (:func:`_stateful`), not ``check``'s."""
     both = ~torch.isfinite(base) & ~torch.isfinite(actual)
-    same = both & ((base == actual) | (torch.isnan(base) & torch.isnan(actual)))
+    same = both & _equal(base, actual)
     expected = base.to(torch.float64).nan_to_num(0.0)
     try:
         return _compare(ctx, kw, actual, expected, keep=~same)
