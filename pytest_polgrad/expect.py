@@ -135,7 +135,9 @@ def judge(ctx: Any, result: Any) -> Judgement:
     """Whether the declaration for ``result.check`` excuses the failing ``result``."""
     options = ctx.options
     check = str(result.check)
-    if bool(getattr(result, "verdict", False)) or "\n  verdict " in str(result.report):
+    from .api import is_verdict
+
+    if is_verdict(result):
         return Judgement(
             f"the failure is a verdict, not the declared deviation: {result.message}",
             math.inf,
@@ -200,9 +202,7 @@ def excused_reason(
             f"{pin_hint(check, reason, measured)}: it measures {fmt(s)}x the tolerance on "
             f"{BASIS}; the pin allows about 1.5x that"
         )
-    drawn = run_worst is not None and math.isfinite(run_worst) and run_worst > s
-    if drawn and math.isfinite(s) and s > 1:
-        assert run_worst is not None
+    if run_worst is not None and math.isfinite(run_worst) and 1 < s < run_worst:
         detail += (
             f"; this run's worst was {fmt(size(run_worst))}x, on a batch it drew: a pin "
             f"bounds the size on {BASIS}, which no draw changes"
