@@ -26,6 +26,12 @@ UNIT_ROUNDOFF = {
     torch.bfloat16: 2.0**-8,
 }
 _K = 32.0  # operations per token, with margin: exp, sub, mul, clamp, max, weights, sums
+UNDERFLOW = {
+    dtype: torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps for dtype in UNIT_ROUNDOFF
+}
+"""The spacing of a dtype's subnormal numbers (``2^-149`` for float32): a true value that
+small is not representable in that precision, so a difference up to ``_K`` of it is
+rounding, not a deviation (a float32 VESPO gradient of -3.4e-47 is computed as -0)."""
 KINK_ULPS = 4.0
 """Roundings that can move a computed ratio across a clip bound: the log-ratio's
 subtraction, ``exp``, the bound ``1 + eps`` itself, with a factor 2 of margin (in units of
@@ -106,7 +112,8 @@ class Tolerance:
         ratio = math.inf
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * s
+            floor = _K * UNDERFLOW[p] if s > 0 else 0.0  # an exact 0 stays exact
+            tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * s + floor
             # a scale of exactly 0 (every term vanishes) admits no difference at all
             ratio = diff / tol if tol > 0 else (math.inf if diff > 0 else 0.0)
             if ratio <= 1.0:
@@ -129,7 +136,8 @@ class Tolerance:
         ratios = torch.zeros_like(diff)
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            tol = self.factor * unit_roundoff(p) * _K * s
+            floor = torch.where(s > 0, _K * UNDERFLOW[p], 0.0)  # an exact 0 stays exact
+            tol = self.factor * unit_roundoff(p) * _K * s + floor
             # an entry whose scale is exactly 0 (the reference's gradient and every term of
             # its scale vanish) admits no difference: inf, not a ratio to a tiny floor
             exact = torch.where(diff > 0, torch.inf, 0.0)

@@ -92,3 +92,30 @@ def test_kink_band_names_the_loosest_precision_and_whether_inputs_are_exact() ->
     assert Tolerance(torch.float64).kink_band == (4 * 2.0**-24, False)
     assert Tolerance(torch.float64, strict=True).kink_band == (4 * 2.0**-53, True)
     assert Tolerance(torch.bfloat16, factor=2.0).kink_band == (8 * 2.0**-8, True)
+
+
+def test_a_value_below_the_dtypes_subnormals_is_rounding() -> None:
+    """A true gradient of -3.4e-47 is not representable in float32 (its subnormals are
+    multiples of 2^-149, 1.4e-45): a correct float32 function gives -0. Without a floor of
+    the subnormal spacing the difference read 98x the tolerance (VESPO, float32 inputs,
+    --polgrad-seed 14); a difference the dtype can represent is still judged, and an
+    exact 0 (every term of the scale vanishes) still admits no difference."""
+    tol = Tolerance(torch.float32, strict=True)
+    where = torch.ones(1, 3, dtype=torch.bool)
+    expected = torch.tensor([[-3.4479804751840827e-47, 1e-30, 0.0]], dtype=torch.float64)
+    scale = torch.tensor([[3.4e-47, 1e-30, 0.0]], dtype=torch.float64)
+    actual = torch.tensor([[-0.0, 0.0, 0.0]], dtype=torch.float32)
+    _, ratios = tol.tensor(actual, expected, scale, where)
+    assert float(ratios[0, 0]) <= 1.0 and float(ratios[0, 1]) > 1e5 and float(ratios[0, 2]) == 0
+    _, nonzero_at_exact = tol.tensor(torch.tensor([[0.0, 0.0, 1e-45]]), expected, scale, where)
+    assert float(nonzero_at_exact[0, 2]) == float("inf")
+
+
+def test_a_float32_vespo_with_underflowing_gradients_passes() -> None:
+    from polgrad_reference import ALGORITHMS
+    from pytest_polgrad import assert_conforms
+    from tests.sample_losses import reference_loss
+
+    fn = reference_loss(ALGORITHMS["vespo"].loss)
+    opts: dict[str, Any] = {"dtype": "float32", "strict": True, "max_batch": 4, "max_length": 24}
+    assert_conforms(fn, "vespo", max_examples=34, seed=14, checks=("gradient",), **opts)
