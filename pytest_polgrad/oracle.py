@@ -24,6 +24,7 @@ from polgrad_reference import (
     RatioKind,
     SoftGate,
     SurrogateKind,
+    covariance_selection,
     kink_ratios,
     policy_loss,
 )
@@ -189,18 +190,32 @@ class Oracle:
     ) -> float:
         """``sum_t |w_t| (|l_t| + (|A_t| r_t + p_t) cond_t [+ coef (|k_t| + kl_cond_t)])``:
         a rounding of the inputs by ``cond`` moves the token loss by its slope in the
-        log-ratio, ``|A| r`` for every surrogate plus DRO's penalty slope ``p = beta |lr|``
-        (``beta/2 lr^2``: it does not vanish with the advantage)."""
-        slope = adv.abs() * out.ratio.detach()
-        params = self.config.params
-        if self.config.surrogate is SurrogateKind.DRO and isinstance(params, QuadraticPenalty):
-            lr = torch.where(out.response_mask, x["logprobs"] - x["old_logprobs"], 0.0)
-            slope = slope + params.beta * lr.abs()
+        log-ratio, ``|A| r`` for every surrogate plus a penalty's slope ``p`` that does not
+        vanish with the advantage (:meth:`_penalty_slope`)."""
+        slope = adv.abs() * out.ratio.detach() + self._penalty_slope(x, out.response_mask)
         terms = out.token_loss.detach().abs() + slope * cond
         if out.kl is not None:
             assert self.config.kl is not None and kl_cond is not None
             terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_cond)
         return float((torch.where(out.response_mask, terms, 0.0) * out.weights.abs()).sum())
+
+    def _penalty_slope(self, x: Mapping[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """``|d penalty_t / d lr_t|``: DRO's ``beta/2 lr^2`` has ``beta |lr|``; KL-Cov's
+        ``kl_coef |lr|`` on the tokens it selects has ``kl_coef`` there (0 elsewhere, and for
+        every other surrogate)."""
+        params, kind = self.config.params, self.config.surrogate
+        if kind is SurrogateKind.DRO and isinstance(params, QuadraticPenalty):
+            return params.beta * torch.where(mask, x["logprobs"] - x["old_logprobs"], 0.0).abs()
+        if kind is SurrogateKind.KL_COV and isinstance(params, CovarianceSelection):
+            chosen = covariance_selection(
+                self.config,
+                logprobs=x["logprobs"],
+                old_logprobs=x["old_logprobs"],
+                advantages=x["advantages"],
+                response_mask=x["response_mask"],
+            )
+            return params.kl_coef * chosen.to(F64)
+        return torch.zeros_like(mask, dtype=F64)
 
     def _kl_grad_scale(
         self, out: PolicyLossOutput, x: Mapping[str, torch.Tensor], cond: torch.Tensor

@@ -122,6 +122,23 @@ def test_kl_cov_with_a_wrong_coefficient_is_still_caught_on_a_clear_selection() 
         check_value(wrong, batch)
 
 
+def test_kl_cov_in_float32_at_zero_advantage_passes_and_a_wrong_coefficient_is_caught() -> None:
+    """KL-Cov's penalty ``kl_coef |lr|`` on the tokens it selects does not vanish with the
+    advantage: one selected token with A = 0 and logprobs near -32, computed in float32,
+    read 4.35x the tolerance until the value scale took its slope (``--polgrad-seed 13``
+    of the sweep's functions)."""
+    token = {
+        "logprobs": torch.tensor([[-32.22313117980957]], dtype=torch.float64),
+        "old_logprobs": torch.tensor([[-32.0]], dtype=torch.float64),
+        "advantages": torch.tensor([0.0], dtype=torch.float64),
+        "response_mask": torch.tensor([[True]]),
+    }
+    opts = parse_marker(("kl_cov",), {})
+    check_value(build_context(_reference("kl_cov", float32=True), opts), token)
+    with pytest.raises(CheckFailure):  # kl_coef 1.001 against 1 fails the value check
+        check_value(build_context(_reference("kl_cov", float32=True, kl_coef=1.001), opts), token)
+
+
 def test_the_value_only_oracle_matches_the_full_one_bitwise() -> None:
     """``Oracle.value`` (the diagnosis ranks hundreds of candidates with it) gives exactly
     the loss, value scale and token count of the full oracle, for every registry entry
