@@ -180,9 +180,9 @@ def evaluate(ctx: Context, batch: Batch) -> Evaluation:
     the pool with a store (:data:`~pytest_polgrad.targets.SHARED_CALLS`), one call per
     (function, options, batch tensors) serves every check that compares a plain call on
     that batch (value, gradient, masked positions, the first call of padding-values,
-    padding-columns and micro-batch). An entry goes when a batch tensor is freed, and holds
-    the function, so that its id is not reused meanwhile. Without a store the function is
-    called afresh."""
+    padding-columns, micro-batch and deterministic). An entry goes when a batch tensor is
+    freed, and holds the function, so that its id is not reused meanwhile. Without a store
+    the function is called afresh."""
     store = SHARED_CALLS.get()
     if store is None:
         return ctx.fut.call(batch)
@@ -440,7 +440,10 @@ def check_inputs_unchanged(ctx: Context, batch: Batch) -> float:
 
 
 def check_deterministic(ctx: Context, batch: Batch) -> float:
-    a, b = ctx.fut.call(batch), ctx.fut.call(batch)
+    """Two calls of the function on ``batch`` agree bitwise. The first is the shared call
+    of the other checks when there is one (:func:`evaluate`): it is still a separate call,
+    made earlier; the second is always a fresh one."""
+    a, b = evaluate(ctx, batch), ctx.fut.call(batch)
     assert a.grad is not None and b.grad is not None
     if not bool(_bitwise_equal(a.loss, b.loss)):
         raise CheckFailure(
