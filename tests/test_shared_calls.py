@@ -45,14 +45,25 @@ def test_value_and_gradient_compare_one_call_per_batch(shared: bool) -> None:
     fn, calls = _counting(L.dapo)
     store = CallStore() if shared else None
     examples = []
-    for check in ("value", "gradient", "masked-positions"):
+    for check in ("value", "gradient", "masked-positions", "deterministic"):
         result = run_check(
             build_context(fn, OPTS), check, max_examples=20, base_seed=1, shared=store
         )
         assert result.passed, result.report
         examples.append(result.examples)
-    assert examples == [20, 20, 20]
-    assert calls[0] == (20 if shared else 60)
+    assert examples == [20, 20, 20, 20]
+    # deterministic compares the shared call with one fresh call (two fresh ones without)
+    assert calls[0] == (20 + 20 if shared else 60 + 40)
+
+
+def test_deterministic_with_a_shared_first_call_still_catches_drift() -> None:
+    """The shared call and the fresh one are separate calls: a result that drifts by one
+    part in 1e15 per call differs between them."""
+    store = CallStore()
+    ctx = build_context(L.dapo_nondeterministic, OPTS)
+    assert run_check(ctx, "value", max_examples=20, base_seed=1, shared=store).passed
+    result = run_check(ctx, "deterministic", max_examples=20, base_seed=1, shared=store)
+    assert not result.passed and "two calls on the same batch" in result.message
 
 
 def test_nothing_is_shared_across_assert_conforms_calls() -> None:
