@@ -1,58 +1,177 @@
-"""Run many report snippets in ONE fresh interpreter (one ``import torch`` instead of one
-per snippet), each as ``python FILE`` would run it from its own directory: the snippet is
-saved as a file, the interpreter's ``sys.path`` holds neither ``''`` nor the working
-directory, and each runs as ``__main__`` after ``os.chdir`` to the directory its report
-names, with ``sys.path`` reset and the modules it imported from that directory dropped
-(outside site-packages), so one snippet cannot help the next. A snippet that raises is
-reported as ``"FAILED\\n<traceback>"`` for its case only.
+"""Run report snippets and user scripts in ONE fresh interpreter per test process (one
+``import torch`` for all of them instead of one per snippet, per test or per module),
+each as ``python FILE`` would run it:
+
+- :func:`run_snippets`: each snippet is saved as a file (outside the directory it runs
+  from) and run as ``__main__`` after ``os.chdir`` to the directory its report names,
+  with ``sys.path`` the interpreter's own minus ``''`` and the working directory (as
+  ``python FILE`` from elsewhere has it);
+- :func:`run_scripts`: each script runs in place as ``__main__``, from the directory
+  given, with ``sys.path`` starting with the script's directory and then the given
+  ``PYTHONPATH`` entries (as ``PYTHONPATH=... python SCRIPT`` has it).
+
+Before every snippet or script, ``sys.path`` is reset and every module imported since the
+interpreter started that is not part of the standard library or an installed package
+(``site-packages``: torch, pytest, Hypothesis) is dropped, and so are the import
+system's path finders (a relative entry such as ``'tests'`` names another directory now):
+the project's modules, the user's packages and the kit itself (installed editable here)
+are imported afresh, so one snippet cannot help the next. A snippet that raises is reported as
+``"FAILED\\n<traceback>"`` for its case only.
+
+The interpreter starts at the first call, serves every later call of the same test process
+(under ``-n``, each worker has its own) and is closed at exit; if it dies, the call fails
+with its stderr and the next call starts a new one.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
+import os
 import subprocess
 import sys
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import IO
 
-DRIVER = """
-import contextlib, io, json, os, runpy, sys, traceback
+__all__ = ["run_scripts", "run_snippets"]
+
+SERVER = r"""
+import contextlib, importlib, io, json, os, runpy, sys, sysconfig, traceback
 base = [p for p in sys.path if p not in ("", ".", os.getcwd())]  # as `python file` has it
-out = {}
-for case, path, cwd in json.loads(sys.argv[1]):
-    sys.path[:] = base  # what one snippet put on sys.path does not help the next
-    for name in [n for n, m in sys.modules.items()  # nor what it imported from the project
-                 if (f := getattr(m, "__file__", None) or "").startswith(cwd)
-                 and "site-packages" not in f]:
-        del sys.modules[name]
-    os.chdir(cwd)
-    buffer = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(buffer):
-            runpy.run_path(path, run_name="__main__")
-    except BaseException:
-        out[case] = "FAILED\\n" + traceback.format_exc()
-    else:
-        out[case] = buffer.getvalue()
-print(json.dumps(out))
+keep = set(sys.modules)
+paths = sysconfig.get_paths()
+libraries = tuple(
+    os.path.realpath(paths[k]) + os.sep
+    for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths
+)
+answers = os.fdopen(int(sys.argv[1]), "w")
+
+
+def where(module):
+    file = getattr(module, "__file__", None)
+    if file is None:  # a namespace package: its first directory
+        file = next(iter(getattr(module, "__path__", None) or ()), None)
+    return None if file is None else os.path.realpath(str(file))
+
+
+def owned(module):  # imported from a project, not from the standard library or an install
+    file = where(module)
+    return file is not None and not file.startswith(libraries)
+
+
+for request in sys.stdin:
+    out = {}
+    for case, path, cwd, front in json.loads(request):
+        sys.path[:] = [*front, *base]  # what one snippet put on sys.path does not help
+        for name in [n for n, m in list(sys.modules.items()) if n not in keep and owned(m)]:
+            del sys.modules[name]  # nor what it imported from a project
+        sys.path_importer_cache.clear()  # finders of relative entries ('tests', '.')
+        importlib.invalidate_caches()  # belong to the previous directory
+        os.chdir(cwd)
+        buffer = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(buffer):
+                runpy.run_path(path, run_name="__main__")
+        except BaseException:
+            out[case] = "FAILED\n" + traceback.format_exc()
+        else:
+            out[case] = buffer.getvalue()
+    answers.write(json.dumps(out) + "\n")
+    answers.flush()
 """
+
+
+class _Interpreter:
+    """The serving interpreter: a request is one JSON line on its stdin, its answer one
+    JSON line on a pipe of its own (a snippet's stray output cannot corrupt it)."""
+
+    def __init__(self) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="polgrad-snippets-"))
+        self.stderr: IO[bytes] = open(self.home / "stderr", "w+b")  # noqa: SIM115
+        read, write = os.pipe()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(write)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            cwd=self.home,
+            pass_fds=(write,),
+            text=True,
+        )
+        os.close(write)
+        self.answers = os.fdopen(read, "r")
+
+    def request(self, jobs: list[tuple[str, str, str, list[str]]]) -> dict[str, str]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(jobs) + "\n")
+            self.proc.stdin.flush()
+            line = self.answers.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:
+            self.close()
+            self.stderr.seek(0)
+            raise AssertionError(
+                "the snippet interpreter died: " + self.stderr.read().decode(errors="replace")
+            )
+        answer: dict[str, str] = json.loads(line)
+        return answer
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.answers.close()
+
+
+_SERVING: list[_Interpreter] = []
+
+
+def _close() -> None:
+    while _SERVING:
+        _SERVING.pop().close()
+
+
+atexit.register(_close)
+
+
+def _request(jobs: list[tuple[str, str, str, list[str]]]) -> dict[str, str]:
+    if not _SERVING or _SERVING[0].proc.poll() is not None:
+        _close()
+        _SERVING.append(_Interpreter())
+    try:
+        return _SERVING[0].request(jobs)
+    except AssertionError:
+        _SERVING.clear()  # closed: the next call starts a new interpreter
+        raise
 
 
 def run_snippets(jobs: Iterable[tuple[str, str, str]], tmp: Path) -> dict[str, str]:
     """``{case: stdout}`` of every ``(case, code, directory to run from)``; each code is
     saved as ``tmp/<case>.py`` (outside the directory it runs from)."""
-    files = []
+    files: list[tuple[str, str, str, list[str]]] = []
     for case, code, cwd in jobs:
         path = tmp / f"{case}.py"
         path.write_text(code)
-        files.append((case, str(path), cwd))
-    out = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(files)],
-        capture_output=True,
-        text=True,
-        cwd=tmp,
-        check=False,
+        files.append((case, str(path), cwd, []))
+    return _request(files)
+
+
+def run_scripts(jobs: Iterable[tuple[str, Path, Path, Sequence[Path]]]) -> dict[str, str]:
+    """``{case: stdout}`` of every ``(case, script, directory to run from, PYTHONPATH
+    entries)``, each run in place as ``PYTHONPATH=... python SCRIPT`` would run it."""
+    return _request(
+        [
+            (case, str(script), str(cwd), [str(script.parent), *map(str, pythonpath)])
+            for case, script, cwd, pythonpath in jobs
+        ]
     )
-    assert out.returncode == 0, out.stderr
-    results: dict[str, str] = json.loads(out.stdout)
-    return results

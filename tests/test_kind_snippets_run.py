@@ -1,15 +1,16 @@
 """The reproduce snippet of every non-policy kind runs as printed (new-user trial): a
 deliberately wrong function of each kind fails under the marker in a pytester project
 (a module in ``tests/`` without ``__init__.py``, one function parametrized); its report's
-snippet, saved outside the project and run by a fresh ``python`` from the directory it
+snippet, saved outside the project and run as ``python FILE`` from the directory it
 names, runs and prints the mismatch the report states (the same function output and
 reference value at the reported position).
 
 One in-process pytest run serves every kind; each function runs one check with a small
-example budget (every wrong function fails on the canonical corpus already). One fresh
-interpreter runs every snippet (one ``import torch``), each as ``python FILE`` would: its
-own directory, ``sys.path`` without the working directory and reset between snippets, the
-project's modules a previous snippet imported dropped.
+example budget (every wrong function fails on the canonical corpus already). The suite's
+snippet interpreter (``tests/snippet_driver.py``, one ``import torch`` per test process)
+runs every snippet, each as ``python FILE`` would: its own directory, ``sys.path``
+without the working directory and reset between snippets, the project's modules a
+previous snippet imported dropped.
 """
 
 from __future__ import annotations

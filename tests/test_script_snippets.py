@@ -5,23 +5,25 @@ project, failed with ``ModuleNotFoundError: mypkg``. Now it names the directory 
 from and puts on ``sys.path`` where the definition's own imports resolve (the script's
 directory, where ``mypkg`` was imported from), as the marker's snippets do.
 
-Each script runs as ``python SCRIPT`` in a fresh interpreter; each snippet, its definition
-pasted where marked, is saved outside the project and run from the directory it names
-(:func:`tests.snippet_driver.run_snippets`).
+Each script runs as ``python SCRIPT`` (``PYTHONPATH=... python SCRIPT``) would run it
+(:func:`tests.snippet_driver.run_scripts`: in place as ``__main__``, ``sys.path`` starting
+with the script's directory and the ``PYTHONPATH`` entries, the project's modules imported
+afresh); each snippet, its definition pasted where marked, is saved outside the project
+and run from the directory it names (:func:`tests.snippet_driver.run_snippets`). Both run
+in the suite's one snippet interpreter: a process started once, not one per script (what
+the reports say depends on ``sys.path``, ``__main__`` and where ``mypkg`` was imported
+from, which the driver sets up as ``python SCRIPT`` does, not on a new process).
 """
 
 from __future__ import annotations
 
 import ast
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.snippet_driver import run_snippets
+from tests.snippet_driver import run_scripts, run_snippets
 
 LOSSES = """
 import torch
@@ -58,16 +60,10 @@ RUN = "save it as a file and run it with python from "
 PASTE = re.compile(r"paste the definition of (\w+) where marked, then " + RUN + r"(\S.*)")
 
 
-def _reports(script: Path, cwd: Path, pythonpath: Path | None = None) -> list[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=cwd, env=env
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.split("=== report ===\n")[1:]
+def _reports(stdout: str) -> list[str]:
+    """The reports a script printed, each after its ``=== report ===`` line."""
+    assert not stdout.startswith("FAILED"), stdout
+    return stdout.split("=== report ===\n")[1:]
 
 
 def _snippet(report: str) -> tuple[str, str]:
@@ -105,8 +101,14 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, st
         SCRIPT.format(wrapper=WRAPPER.format(name="h"), functions="(h,)")
     )
     (root / "sub").mkdir()
-    imported, script = _reports(root / "check_loss.py", root)
-    (elsewhere,) = _reports(root / "scripts" / "check_h.py", root / "sub", pythonpath=root)
+    printed = run_scripts(
+        [
+            ("check_loss", root / "check_loss.py", root, ()),
+            ("check_h", root / "scripts" / "check_h.py", root / "sub", (root,)),
+        ]
+    )
+    imported, script = _reports(printed["check_loss"])
+    (elsewhere,) = _reports(printed["check_h"])
     out: dict[str, tuple[str, str, str]] = {}
     jobs = []
     for case, report, name in (

@@ -10,8 +10,6 @@ import dataclasses
 import functools
 import os
 import re
-import subprocess
-import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -54,14 +52,12 @@ def _run_from(instruction: str) -> str:
 
 def _execute(code: str, tmp_path: Path, cwd: str) -> str:
     """Run ``code`` saved as a file outside ``cwd`` (so only what the snippet puts on
-    sys.path helps), from ``cwd``; return its stdout."""
-    path = tmp_path / "repro.py"
-    path.write_text(code)
-    out = subprocess.run(
-        [sys.executable, str(path)], capture_output=True, text=True, cwd=cwd, check=False
-    )
-    assert out.returncode == 0, out.stderr + "\n" + code
-    return out.stdout
+    sys.path helps), from ``cwd``, in the suite's snippet interpreter
+    (:func:`tests.snippet_driver.run_snippets`: as ``python FILE`` runs it, the project's
+    modules imported afresh); return its stdout."""
+    stdout = run_snippets([("repro", code, cwd)], tmp_path)["repro"]
+    assert not stdout.startswith("FAILED"), stdout + "\n" + code
+    return stdout
 
 
 def _failing(fn: Callable[..., Any], reference: str, check: str, **options: Any) -> str:
@@ -174,8 +170,8 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Made]:
 @pytest.fixture(scope="module")
 def reproduced(tmp_path_factory: pytest.TempPathFactory, made: dict[str, Made]) -> dict[str, str]:
     """Every case's snippet, and those of :func:`_made_here`, each saved as its own file
-    outside the directory it runs from, run in one fresh interpreter (one torch import
-    instead of one per case)."""
+    outside the directory it runs from, run in the suite's snippet interpreter (one torch
+    import for every snippet of the suite's process, instead of one per case)."""
     jobs = []
     for case, (check, reference, wrong, options, _) in zip(IDS, CASES, strict=True):
         instruction, code = _snippet(_failing(wrong, reference, check, **options))
@@ -408,7 +404,7 @@ def test_an_assert_conforms_snippet_from_a_script_says_how_to_paste(
 ) -> None:
     """Issue 14: snippets of functions defined in a script imported ``from __main__`` (the
     script is run as ``__main__`` with ``runpy``, as ``python check_my_loss.py`` runs it;
-    the snippet, its definition pasted, runs in a fresh interpreter)."""
+    the snippet, its definition pasted, runs in the snippet interpreter, not this process)."""
     instruction, code = _made(made, "script")
     assert instruction == (
         "paste the definition of wrong where marked, then save it as a file and run it "
