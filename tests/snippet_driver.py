@@ -15,7 +15,8 @@ interpreter started that is not part of the standard library or an installed pac
 (``site-packages``: torch, pytest, Hypothesis) is dropped, and so are the import
 system's path finders (a relative entry such as ``'tests'`` names another directory now):
 the project's modules, the user's packages and the kit itself (installed editable here)
-are imported afresh, so one snippet cannot help the next. A snippet that raises is reported as
+are imported afresh, so one snippet cannot help the next. A snippet that raises
+(``SystemExit`` with a status other than 0 included) is reported as
 ``"FAILED\\n<traceback>"`` for its case only.
 
 The interpreter starts at the first call, serves every later call of the same test process
@@ -48,6 +49,7 @@ libraries = tuple(
     for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths
 )
 answers = os.fdopen(int(sys.argv[1]), "w")
+requests = os.fdopen(os.dup(0), "r")  # not sys.stdin: the builtin exit() closes that
 
 
 def where(module):
@@ -62,9 +64,10 @@ def owned(module):  # imported from a project, not from the standard library or 
     return file is not None and not file.startswith(libraries)
 
 
-for request in sys.stdin:
+for request in requests:
     out = {}
     for case, path, cwd, front in json.loads(request):
+        sys.stdin = open(os.devnull)  # a snippet reads no request, and may close its stdin
         sys.path[:] = [*front, *base]  # what one snippet put on sys.path does not help
         for name in [n for n, m in list(sys.modules.items()) if n not in keep and owned(m)]:
             del sys.modules[name]  # nor what it imported from a project
@@ -75,6 +78,9 @@ for request in sys.stdin:
         try:
             with contextlib.redirect_stdout(buffer):
                 runpy.run_path(path, run_name="__main__")
+        except SystemExit as exit:  # sys.exit(0) ends `python FILE` with status 0
+            ok = exit.code is None or exit.code == 0
+            out[case] = buffer.getvalue() if ok else "FAILED\n" + traceback.format_exc()
         except BaseException:
             out[case] = "FAILED\n" + traceback.format_exc()
         else:
@@ -92,12 +98,14 @@ class _Interpreter:
         self.home = Path(tempfile.mkdtemp(prefix="polgrad-snippets-"))
         self.stderr: IO[bytes] = open(self.home / "stderr", "w+b")  # noqa: SIM115
         read, write = os.pipe()
+        outer = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", SERVER, str(write)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
             cwd=self.home,
+            env={k: v for k, v in os.environ.items() if k not in outer},  # not the outer run's
             pass_fds=(write,),
             text=True,
         )

@@ -5,11 +5,15 @@ with the same title replaces the file, as the reader edits it); the TOML depende
 is parsed and must pin this package. ``console`` blocks hold ``$ command`` lines, each
 followed by the lines its output must contain, in order (other lines may come between),
 ``*`` matching anything and every other character itself. ``pytest`` runs with
-``-p no:cacheprovider --polgrad-max-examples=5`` added: an ``-n`` run, which starts its
-own worker processes, as ``sys.executable -m pytest``; every other one in this process
+``-p no:cacheprovider --polgrad-max-examples=5`` added, in this process
 (``pytester.runpytest_inprocess`` through tests/inline_run.py, Hypothesis's default
 profile and the page's environment for the run: the same pytest, arguments, project and
-exit status, without a fourth ``import torch``). ``python`` runs as ``sys.executable``.
+exit status, without another ``import torch``); an ``-n`` run's controller runs here and
+its workers are real processes started with the page's environment, as ``pytest -n auto``
+starts them. ``python SCRIPT`` runs as ``python SCRIPT`` would from the project
+(``tests/snippet_driver.py``'s ``run_scripts``: in place as ``__main__``, the script's
+directory first on ``sys.path``, the project's modules imported afresh), in the suite's
+snippet interpreter; any other command as a subprocess.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import pytest
 
 from tests import inline_run
+from tests.snippet_driver import run_scripts
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -91,10 +96,10 @@ def argv(command: str) -> list[str]:
     return words
 
 
-def in_process(command: str) -> bool:
-    """A ``pytest`` command that starts no workers runs in the test's own process."""
+def script(command: str) -> str | None:
+    """The script of a ``python SCRIPT`` command (no options, no arguments), else None."""
     words = shlex.split(command)
-    return words[0] == "pytest" and not any(w == "-n" or w.startswith("-n") for w in words)
+    return words[1] if len(words) == 2 and words[0] == "python" else None
 
 
 def pattern(line: str) -> re.Pattern[str]:
@@ -186,8 +191,11 @@ def test_every_block_runs_as_written(pytester: pytest.Pytester) -> None:
             path.write_text(block.body + "\n", encoding="utf-8")
             continue
         for command, expected in commands(block):
-            if in_process(command):
+            if command.startswith("pytest"):
                 returncode, output = _run_in_process(pytester, command, env)
+            elif (name := script(command)) is not None:
+                printed = run_scripts([(name, project / name, project, ())])[name]
+                returncode, output = int(printed.startswith("FAILED")), printed
             else:
                 proc = subprocess.run(
                     argv(command),

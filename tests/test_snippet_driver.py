@@ -66,6 +66,13 @@ def test_a_script_runs_in_place_with_its_directory_and_pythonpath_first(tmp_path
     ]
     (without,) = run_scripts([("check", script, run_from, ())]).values()
     assert without.startswith("FAILED") and "No module named 'mylib'" in without
+    exits = {"0": "sys.exit(0)", "None": "sys.exit()", "2": "sys.exit(2)", "text": "exit('no')"}
+    exited = run_snippets(
+        [(k, f"import sys\nprint('before')\n{v}\n", str(tmp_path)) for k, v in exits.items()],
+        tmp_path,
+    )
+    assert exited["0"] == exited["None"] == "before\n"  # `python FILE` exits with status 0
+    assert exited["2"].startswith("FAILED") and exited["text"].startswith("FAILED")
 
 
 def test_one_interpreter_serves_every_call_and_a_dead_one_is_replaced(tmp_path: Path) -> None:
