@@ -19,7 +19,8 @@ are imported afresh, so one snippet cannot help the next. A snippet that raises
 (``SystemExit`` with a status other than 0 included) is reported as
 ``"FAILED\\n<traceback>"`` for its case only.
 
-The interpreter starts at the first call, serves every later call of the same test process
+The interpreter starts at the first call (without the outer run's xdist variables, with
+the hash seed :data:`HASH_SEED`), serves every later call of the same test process
 (under ``-n``, each worker has its own) and is closed at exit; if it dies, the call fails
 with its stderr and the next call starts a new one.
 """
@@ -37,7 +38,11 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["run_scripts", "run_snippets"]
+__all__ = ["HASH_SEED", "run_scripts", "run_snippets"]
+
+HASH_SEED = "12345"
+"""The interpreter's ``PYTHONHASHSEED``: another hash seed than a test process's (random
+unless the user sets one), for the tests that draw the same batches in another process."""
 
 SERVER = r"""
 import contextlib, importlib, io, json, os, runpy, sys, sysconfig, traceback
@@ -105,7 +110,10 @@ class _Interpreter:
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
             cwd=self.home,
-            env={k: v for k, v in os.environ.items() if k not in outer},  # not the outer run's
+            env={
+                **{k: v for k, v in os.environ.items() if k not in outer},  # not the outer run's
+                "PYTHONHASHSEED": HASH_SEED,
+            },
             pass_fds=(write,),
             text=True,
         )

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+from typing import Literal
 
 import torch
 from hypothesis import Phase, given, seed, settings
@@ -25,6 +24,7 @@ from pytest_polgrad.strategies import (
     row_extents,
     unpack,
 )
+from tests.snippet_driver import HASH_SEED, run_snippets
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,10 +64,11 @@ _DRAWN = dict(max_batch=6, max_length=96, holes=True, with_rollout_logprobs=True
 _CHILD = textwrap.dedent(
     f"""
     import hashlib, sys, torch
+    sys.path.insert(0, {str(ROOT)!r})
     from hypothesis import given, seed, settings, Phase
     from pytest_polgrad.strategies import batches, build
     from pytest_polgrad.strategies._plan import *  # the plan classes, for eval(repr(plan))
-    torch.set_num_threads(int(sys.argv[1]))
+    torch.set_num_threads(THREADS)
     drawn, rebuilt = hashlib.sha256(), hashlib.sha256()
     def add(h, b):
         for name, t in b.as_kwargs().items():
@@ -79,11 +80,14 @@ _CHILD = textwrap.dedent(
     def draw_some(b):
         add(drawn, b)
     draw_some()
-    for line in sys.stdin.read().splitlines():
+    for line in open(PLANS).read().splitlines():
         add(rebuilt, build(eval(line)))
     print(drawn.hexdigest(), rebuilt.hexdigest())
     """
 )
+"""Run in the suite's snippet interpreter (``tests/snippet_driver.py``): another process,
+with another hash seed (``HASH_SEED``), the kit imported afresh; ``THREADS`` and
+``PLANS`` are filled in."""
 
 
 def _add(h: hashlib._Hash, batch: Batch) -> None:
@@ -92,7 +96,7 @@ def _add(h: hashlib._Hash, batch: Batch) -> None:
         h.update(bits(t))
 
 
-def test_same_seed_gives_identical_tensors_in_another_process() -> None:
+def test_same_seed_gives_identical_tensors_in_another_process(tmp_path: Path) -> None:
     """What pytest-xdist needs: a worker with the same seed draws the same batches, and a
     plan printed in one process rebuilds bit for bit in another (here with a different
     hash seed and thread count)."""
@@ -115,19 +119,15 @@ def test_same_seed_gives_identical_tensors_in_another_process() -> None:
         _add(rebuilt, b)
 
     collect()
-    env = dict(os.environ, PYTHONHASHSEED="12345")
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(max(1, torch.get_num_threads() % 2 + 1))],
-        input="\n".join(repr(p) for p in plans),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=120,
-        check=False,
+    (tmp_path / "plans.txt").write_text("\n".join(repr(p) for p in plans))
+    threads = max(1, torch.get_num_threads() % 2 + 1)  # another thread count than this one's
+    code = _CHILD.replace("THREADS", str(threads)).replace(
+        "PLANS", repr(str(tmp_path / "plans.txt"))
     )
-    assert child.returncode == 0, child.stderr
-    assert child.stdout.split() == [drawn.hexdigest(), rebuilt.hexdigest()]
+    child = run_snippets([("child", code, str(ROOT))], tmp_path)["child"]
+    assert not child.startswith("FAILED"), child
+    assert os.environ.get("PYTHONHASHSEED") != HASH_SEED  # another hash seed there
+    assert child.split() == [drawn.hexdigest(), rebuilt.hexdigest()]
 
 
 @settings(max_examples=60)
@@ -158,7 +158,7 @@ def test_layouts_round_trip_exactly(data: st.DataObject) -> None:
 @settings(max_examples=60)
 @given(st.data())
 def test_drawn_layouts_equal_converted_canonical_batches(data: st.DataObject) -> None:
-    layout = data.draw(st.sampled_from(["left", "packed"]))
+    layout: Literal["left", "packed"] = data.draw(st.sampled_from(["left", "packed"]))
     batch = data.draw(batches(layout=layout, holes=True))
     assert batch.layout == layout
     assert batch.plan is not None

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from pytest_polgrad.engine import build_context, checks_for, kind_of
 from pytest_polgrad.options import parse_marker
 from pytest_polgrad.strategies import Batch, batches
 from pytest_polgrad.strategies._sample import filtered, mapped, sample, sampleable
+from tests.snippet_driver import HASH_SEED, run_snippets
 
 ROOT = Path(__file__).parents[2]
 
@@ -40,15 +39,17 @@ def test_same_seed_same_batches_different_seed_different_batches() -> None:
     assert _digest(sample(strategy, 12, 20)) != first
 
 
-def test_a_pool_drawn_in_another_process_is_bitwise_identical() -> None:
+def test_a_pool_drawn_in_another_process_is_bitwise_identical(tmp_path: Path) -> None:
     """What xdist needs: another worker (another hash seed, thread count) draws the same
-    pool from the same seed."""
+    pool from the same seed: here the suite's snippet interpreter
+    (``tests/snippet_driver.py``: another process, hash seed ``HASH_SEED``, the kit
+    imported afresh)."""
     code = textwrap.dedent(
-        """
+        f"""
         import sys
-        sys.path.insert(0, sys.argv[1])
+        sys.path.insert(0, {str(ROOT)!r})
         import torch
-        torch.set_num_threads(1)
+        torch.set_num_threads({max(1, torch.get_num_threads() % 2 + 1)})
         from pytest_polgrad.strategies import batches
         from pytest_polgrad.strategies._sample import sample
         from tests.strategies.test_strategies_sample import _digest
@@ -56,16 +57,11 @@ def test_a_pool_drawn_in_another_process_is_bitwise_identical() -> None:
         print(_digest(sample(s, 11, 20)))
         """
     )
-    env = {**os.environ, "PYTHONHASHSEED": "123"}
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(ROOT)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
+    out = run_snippets([("pool", code, str(ROOT))], tmp_path)["pool"]
+    assert not out.startswith("FAILED"), out
+    assert os.environ.get("PYTHONHASHSEED") != HASH_SEED  # another hash seed there
     strategy = batches(max_batch=6, max_length=40, holes=True, with_rollout_logprobs=True)
-    assert out.stdout.strip() == _digest(sample(strategy, 11, 20))
+    assert out.strip() == _digest(sample(strategy, 11, 20))
 
 
 def test_uniform_choices_reach_what_the_plans_aim_at() -> None:
