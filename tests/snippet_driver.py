@@ -17,7 +17,7 @@ system's path finders (a relative entry such as ``'tests'`` names another direct
 the project's modules, the user's packages and the kit itself (installed editable here)
 are imported afresh, so one snippet cannot help the next. A snippet that raises
 (``SystemExit`` with a status other than 0 included) is reported as
-``"FAILED\\n<traceback>"`` for its case only.
+``"FAILED\\n<traceback><its stderr>"`` for its case only (its stderr is shown only then).
 
 The interpreter starts at the first call (without the outer run's xdist variables, with
 the hash seed :data:`HASH_SEED`), serves every later call of the same test process
@@ -79,15 +79,16 @@ for request in requests:
         sys.path_importer_cache.clear()  # finders of relative entries ('tests', '.')
         importlib.invalidate_caches()  # belong to the previous directory
         os.chdir(cwd)
-        buffer = io.StringIO()
+        buffer, errors = io.StringIO(), io.StringIO()
         try:
-            with contextlib.redirect_stdout(buffer):
+            with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(errors):
                 runpy.run_path(path, run_name="__main__")
         except SystemExit as exit:  # sys.exit(0) ends `python FILE` with status 0
             ok = exit.code is None or exit.code == 0
-            out[case] = buffer.getvalue() if ok else "FAILED\n" + traceback.format_exc()
+            failed = "FAILED\n" + traceback.format_exc() + errors.getvalue()
+            out[case] = buffer.getvalue() if ok else failed
         except BaseException:
-            out[case] = "FAILED\n" + traceback.format_exc()
+            out[case] = "FAILED\n" + traceback.format_exc() + errors.getvalue()
         else:
             out[case] = buffer.getvalue()
     answers.write(json.dumps(out) + "\n")

@@ -2,20 +2,20 @@
 verdicts serial vs ``-n 2``, expected deviations, options, fixtures, torch-free loading.
 
 The runs are in-process (``tests/inline_run.py``: cold plugin caches, the outer suite's
-state restored); only the claims that need a fresh interpreter (loading the plugin does not
-import torch; the ``python -m pytest_polgrad`` command's exit status) run a subprocess. A
-``-n 2`` run still has real worker processes."""
+state restored); only the claim that needs a fresh interpreter (loading the plugin does not
+import torch) runs a subprocess, and the ``python -m pytest_polgrad`` command runs in the
+suite's snippet interpreter. A ``-n 2`` run still has real worker processes."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import inline_run
+from tests.snippet_driver import run_snippets
 
 pytest_plugins = ["pytester"]
 
@@ -235,10 +235,21 @@ def test_fixtures(pytester: pytest.Pytester) -> None:
 
 
 def test_which_command(project: pytest.Pytester) -> None:
+    """``python -m pytest_polgrad which FILE::NAME`` from the project, as that command
+    runs (``runpy.run_module`` as ``__main__``, the working directory first on
+    ``sys.path``) in the suite's snippet interpreter (``tests/snippet_driver.py``: another
+    process, the kit imported afresh); its exit status is the ``SystemExit`` code, which
+    must be 0 (anything else reads ``FAILED``)."""
     target = str(Path(project.path) / "test_losses.py::declared")
-    result = project.run(sys.executable, "-m", "pytest_polgrad", "which", target)
-    assert result.ret == 0
-    result.stdout.fnmatch_lines(
+    command = (
+        "import os, runpy, sys\n"
+        "sys.path.insert(0, os.getcwd())\n"
+        f"sys.argv = ['pytest_polgrad', 'which', {target!r}]\n"
+        "runpy.run_module('pytest_polgrad', run_name='__main__', alter_sys=True)\n"
+    )
+    out = run_snippets([("which", command, str(project.path))], project.path)["which"]
+    assert not out.startswith("FAILED"), out
+    pytest.LineMatcher(out.splitlines()).fnmatch_lines(
         ["*MATCH*token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term*"]
     )
 

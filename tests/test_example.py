@@ -4,11 +4,11 @@ of the project's founding description, which lives outside this repository."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.snippet_driver import run_scripts
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "which_grpo_am_i_running.py"
 EXPECTED = {
@@ -38,8 +38,9 @@ def test_table_numbers_match_the_seed() -> None:
 
 
 def test_script_prints_the_table() -> None:
-    out = subprocess.run(
-        [sys.executable, str(EXAMPLE)], capture_output=True, text=True, check=True
-    ).stdout
+    """``python examples/which_grpo_am_i_running.py`` from the repository root (run as
+    that command runs it, in the suite's snippet interpreter: ``tests/snippet_driver.py``)."""
+    out = run_scripts([("demo", EXAMPLE, EXAMPLE.parents[1], ())])["demo"]
+    assert not out.startswith("FAILED"), out
     assert "0.24038972" in out and "0.51717388" in out
     assert "0.32323368" in out and "0.15429390" in out

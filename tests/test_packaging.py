@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.snippet_driver import run_snippets
+
 ROOT = Path(__file__).parents[1]
 
 
@@ -49,18 +51,19 @@ def test_wheel_contents(wheel: Path) -> None:
 
 
 def test_strategies_import_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
+    """In the suite's snippet interpreter (``tests/snippet_driver.py``: another process,
+    where the source tree's kit is not imported at the start of a snippet), the wheel
+    first on ``sys.path``."""
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import pytest_polgrad.strategies as s, polgrad_reference as r;"
-        "assert s.__file__.startswith(sys.argv[1]), s.__file__;"
-        "assert r.__file__.startswith(sys.argv[1]), r.__file__;"
-        "print(len(s.__all__))"
+        f"import sys; sys.path.insert(0, {str(wheel)!r})\n"
+        "import pytest_polgrad.strategies as s, polgrad_reference as r\n"
+        f"assert s.__file__.startswith({str(wheel)!r}), s.__file__\n"
+        f"assert r.__file__.startswith({str(wheel)!r}), r.__file__\n"
+        "print(len(s.__all__))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(wheel)], capture_output=True, text=True, cwd=tmp_path
-    )
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout) > 5
+    out = run_snippets([("wheel", code, str(tmp_path))], tmp_path)["wheel"]
+    assert not out.startswith("FAILED"), out
+    assert int(out) > 5
 
 
 def test_reference_imports_only_torch() -> None:
