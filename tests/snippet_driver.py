@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -120,6 +121,7 @@ class _Interpreter:
         )
         os.close(write)
         self.answers = os.fdopen(read, "r")
+        self.died = ""
 
     def request(self, jobs: list[tuple[str, str, str, list[str]]]) -> dict[str, str]:
         assert self.proc.stdin is not None
@@ -131,10 +133,7 @@ class _Interpreter:
             line = ""
         if not line:
             self.close()
-            self.stderr.seek(0)
-            raise AssertionError(
-                "the snippet interpreter died: " + self.stderr.read().decode(errors="replace")
-            )
+            raise AssertionError(f"the snippet interpreter died: {self.died}")
         answer: dict[str, str] = json.loads(line)
         return answer
 
@@ -148,6 +147,10 @@ class _Interpreter:
             self.proc.kill()
             self.proc.wait()
         self.answers.close()
+        self.stderr.seek(0)
+        self.died = self.stderr.read().decode(errors="replace")  # its stderr, for the failure
+        self.stderr.close()
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 _SERVING: list[_Interpreter] = []
