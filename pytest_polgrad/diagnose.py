@@ -17,11 +17,13 @@ the marker line that declares the function's value.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -34,6 +36,7 @@ from polgrad_reference import (
     KLRatioWeight,
     PolgradError,
     PolicyLossConfig,
+    PolicyLossOutput,
     RatioKind,
     SurrogateKind,
     Unstated,
@@ -41,7 +44,7 @@ from polgrad_reference import (
 
 from .corpus import canonical_corpus
 from .divisor import Divisor, divisors_for, row_terms
-from .oracle import Oracle
+from .oracle import Oracle, OracleResult
 from .target import FunctionUnderTest, Verdict
 from .tolerance import Tolerance
 
@@ -299,13 +302,8 @@ def _replace_kl(target: PolicyLossConfig, **changes: Any) -> Any:
         return None
 
 
-def _loss_at(cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor]) -> float:
-    return Oracle(cfg).value(batch)[0]
-
-
-def _terms(cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor]) -> tuple[float, float]:
-    """``(policy term, KL term)`` of ``cfg`` on ``batch``: its loss is their sum."""
-    out = Oracle(cfg).reference(batch)
+def _terms(out: PolicyLossOutput) -> tuple[float, float]:
+    """``(policy term, KL term)`` of a reference output: its loss is their sum."""
     kl = out.kl_loss
     return float(out.policy_loss), 0.0 if kl is None else float(kl)
 
@@ -316,82 +314,22 @@ coefficient by about ``u |loss| / |KL term|`` (1e-4 on the corpus); half precisi
 tell (no claim is made)."""
 
 
-def _negated_kl(
-    target: PolicyLossConfig,
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-    tolerance: Tolerance,
-) -> float | None:
+def _negated_kl(target: PolicyLossConfig, scorer: _Scorer) -> float | None:
     """``c < 0`` with ``loss = policy term + c * KL term`` of ``target`` on every corpus
     batch: the function's KL term enters with the opposite sign (which no config can
     express, a KL coefficient being >= 0); None otherwise."""
-    rtol = _SIGN_RTOL.get(tolerance.input_dtype)
+    rtol = _SIGN_RTOL.get(scorer.tolerance.input_dtype)
     if not target.kl_in_loss or target.kl is None or rtol is None:
         return None
     unit = target.replace(kl=target.kl.replace(coef=1.0))
     try:
-        coef = _solve(corpus, observed, lambda b: _terms(unit, b), rtol=rtol)
+        coef = scorer.solve(lambda name: scorer.terms(unit, name), rtol=rtol)
     except PolgradError:
         return None
     return coef if coef is not None and coef < 0 else None
 
 
-def _solve(
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-    at: Callable[[Mapping[str, torch.Tensor]], tuple[float, float]],
-    rtol: float = 1e-6,
-) -> float | None:
-    """The constant ``c`` with ``observed = a + c * b`` on every corpus batch, where
-    ``at(batch) -> (a, b)``; None when the batches disagree beyond ``rtol`` (not a
-    constant)."""
-    values: list[float] = []
-    for name, batch in corpus.items():
-        a, b = at(batch)
-        if abs(b) > 1e-9 * (1.0 + abs(a)):
-            values.append(float((observed[name][0] - a) / b))
-    if not values or not all(math.isfinite(v) for v in values):
-        return None
-    c = values[0]
-    if all(abs(v - c) <= rtol * max(abs(c), 1e-12) for v in values):
-        return c
-    return None
-
-
-def _fitted(
-    cfg: PolicyLossConfig,
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-) -> PolicyLossConfig | None:
-    """``cfg`` with a constant fitted to the observed losses: the token-sum-norm budget
-    (``loss = S / budget``) or the as-loss KL coefficient (``loss = pg + coef * KL``), so
-    that an unpublished constant the function chose is named, not missed."""
-    try:
-        if cfg.aggregation is Aggregation.TOKEN_SUM_NORM and not cfg.kl_in_loss:
-            one = cfg.replace(budget=1)
-            inverse = _solve(corpus, observed, lambda b: (0.0, _loss_at(one, b)))
-            if inverse is None or inverse <= 0:
-                return None
-            budget = round(1.0 / inverse)
-            return _replace(cfg, budget=budget) if budget >= 1 else None
-        if cfg.kl_in_loss and cfg.kl is not None:
-            unit = cfg.replace(kl=cfg.kl.replace(coef=1.0))
-            coef = _solve(corpus, observed, lambda b: _terms(unit, b))
-            if coef is None or coef <= 0:
-                return None
-            return _replace(cfg, kl=cfg.kl.replace(coef=float(f"{coef:.6g}")))
-    except PolgradError:
-        return None
-    return None
-
-
 # --------------------------------------------------------------------------- scoring
-
-
-@dataclasses.dataclass
-class _Score:
-    value: float = 0.0
-    grad: float = 0.0
 
 
 def _observe(
@@ -408,58 +346,314 @@ def _observe(
     return observed
 
 
-def _score(
-    cfg: PolicyLossConfig,
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-    tolerance: Tolerance,
-    padded: bool,
-) -> _Score:
-    """Value errors first (no backward pass); the gradient is scored only for a candidate
-    whose value matches, so ``grad`` stays NaN ("not looked at") otherwise."""
-    score = _Score(grad=math.nan)
-    configs = {
-        name: cfg.replace(budget=batch["response_mask"].shape[1]) if padded else cfg
-        for name, batch in corpus.items()
-    }
-    for name, batch in corpus.items():
-        score.value = max(
-            score.value, _value_error(configs[name], batch, observed[name][0], tolerance)
-        )
-        if score.value > 1.0:
-            return score
-    score.grad = 0.0
-    for name, batch in corpus.items():
-        loss, grad = observed[name]
-        score.grad = max(score.grad, _errors(configs[name], batch, loss, grad, tolerance)[1])
-    return score
+_Key = tuple[PolicyLossConfig, bool, "Divisor | None"]
+"""A candidate's identity in one ranking: config, padded-width budget, shifted divisor."""
+_T = TypeVar("_T")
 
 
-def _match(cfg: PolicyLossConfig, score: _Score, padded: bool) -> Match:
-    grad = math.inf if math.isnan(score.grad) else score.grad
-    worst = score.value if math.isnan(score.grad) else max(score.value, score.grad)
-    return Match(cfg, worst, padded, score.value, grad)
+def _key(m: Match) -> _Key:
+    return m.config, m.padded_width_budget, m.divisor
 
 
-def _rank(
-    configs: Iterable[PolicyLossConfig],
-    target: PolicyLossConfig,
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-    tolerance: Tolerance,
-    seen: set[tuple[PolicyLossConfig, bool]],
-) -> list[Match]:
-    out = []
-    for cfg in configs:
-        padded_options = [False]
-        if cfg.aggregation is Aggregation.TOKEN_SUM_NORM:
-            padded_options = [True] if cfg.budget == 1 else [False, True]
-        for padded in padded_options:
-            if (cfg, padded) in seen:
-                continue
-            seen.add((cfg, padded))
-            out.append(_match(cfg, _score(cfg, corpus, observed, tolerance, padded), padded))
-    return out
+def _padded_options(cfg: PolicyLossConfig) -> list[bool]:
+    """A token-sum-norm candidate is also tried with the padded width as budget (only so,
+    for the placeholder budget 1)."""
+    if cfg.aggregation is not Aggregation.TOKEN_SUM_NORM:
+        return [False]
+    return [True] if cfg.budget == 1 else [False, True]
+
+
+class _ReferenceCache:
+    """Reference results on the canonical corpus, shared by every diagnosis in the process.
+
+    They depend on the candidate config, the corpus (input dtype, advantages layout), the
+    batch and the kink band only, never on the function under test, so the second failing
+    function diagnosed around the same reference costs a fraction of the first. Bounded:
+    the least recently used entries are dropped past ``size`` (an entry holds a few
+    ``[B, T]`` tensors of a corpus batch, at most 4 x 10). A :class:`PolgradError` is
+    remembered and raised again."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._store: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.computed = collections.Counter[str]()
+        """Evaluations made, by kind (``"call"`` is one with the gradient)."""
+
+    def get(self, key: tuple[Any, ...], compute: Callable[[], _T]) -> _T:
+        with self._lock:
+            found = key in self._store
+            if found:
+                self._store.move_to_end(key)
+                out = self._store[key]
+        if not found:
+            try:
+                out = compute()
+            except PolgradError as exc:
+                out = exc
+            with self._lock:
+                self.computed[key[0]] += 1
+                self._store[key] = out
+                while len(self._store) > self.size:
+                    self._store.popitem(last=False)
+        if isinstance(out, PolgradError):
+            raise out
+        return out  # type: ignore[no-any-return]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._store.clear()
+            self.computed.clear()
+
+
+_REFERENCES = _ReferenceCache(40_000)
+"""The process's reference results on the corpus (one diagnosis makes about 5 000)."""
+
+
+class _Scorer:
+    """Candidate scoring on the corpus for one diagnosis, with the least reference work that
+    yields the ranking full scoring would.
+
+    - Every reference evaluation (value; value and gradient; bare output) is memoised by
+      ``(config, batch)``: refinements, fitted constants, shifted divisors and rescoring
+      revisit configs already evaluated.
+    - Values are scored first, in corpus order, up to the first batch that misses (the
+      recorded value error is that prefix's worst); the gradient only for a value match.
+    - A value match's gradient is scored batch by batch, the batch that has rejected the
+      most candidates so far first, and stops at the first batch that rejects it: its
+      ``grad_error`` is then a lower bound above 1 and the candidate is *pending*.
+      :meth:`settle` completes exactly the pending candidates that can reach a given head
+      of a ranking. Completing only raises an error, and ties fall back to the order the
+      candidates were generated in (:meth:`by_error`, :meth:`by_rank`), so every decision
+      taken on a settled head is the one exact scores give.
+    """
+
+    def __init__(
+        self,
+        corpus: Mapping[str, Mapping[str, torch.Tensor]],
+        observed: Mapping[str, tuple[float, torch.Tensor]],
+        tolerance: Tolerance,
+        advantages: str,
+    ) -> None:
+        self.corpus, self.observed, self.tolerance = corpus, observed, tolerance
+        self._where = (tolerance.input_dtype, advantages)
+        """What the corpus batches depend on (:func:`canonical_corpus`)."""
+        self._fits: dict[PolicyLossConfig, PolicyLossConfig | None] = {}
+        self._seq: dict[_Key, int] = {}
+        self._pending: dict[_Key, tuple[str, ...]] = {}
+        """Batches whose gradient a pending candidate has not been scored on."""
+        self._done: dict[_Key, Match] = {}
+        """Completed pending candidates (lists built earlier hold the pending form)."""
+        self._rejects = dict.fromkeys(corpus, 0)
+
+    # -- reference evaluations, shared through _REFERENCES
+
+    def value(self, cfg: PolicyLossConfig, name: str) -> tuple[float, float, int]:
+        """:meth:`Oracle.value` on corpus batch ``name``."""
+        batch = self.corpus[name]
+        return _REFERENCES.get(("value", cfg, *self._where, name), lambda: Oracle(cfg).value(batch))
+
+    def terms(self, cfg: PolicyLossConfig, name: str) -> tuple[float, float]:
+        """``(policy term, KL term)`` of ``cfg`` on ``name``: its loss is their sum."""
+        batch = self.corpus[name]
+        key = ("terms", cfg, *self._where, name)
+        return _REFERENCES.get(key, lambda: _terms(Oracle(cfg).reference(batch)))
+
+    def rows(self, cfg: PolicyLossConfig, name: str) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """:func:`row_terms` of ``cfg``'s reference output on ``name``, and its aggregated
+        mask."""
+
+        def compute() -> tuple[torch.Tensor | None, torch.Tensor]:
+            out = Oracle(cfg).reference(self.corpus[name])
+            return row_terms(out), out.response_mask
+
+        return _REFERENCES.get(("rows", cfg, *self._where, name), compute)
+
+    def _call(self, cfg: PolicyLossConfig, name: str) -> OracleResult:
+        kink = self.tolerance.loosest
+
+        def compute() -> OracleResult:
+            out = Oracle(cfg)(self.corpus[name], kink_eps=kink)
+            # only what _compare reads without as_checked is kept
+            return dataclasses.replace(out, grad_scale_native=None, cond=None, cond_native=None)
+
+        return _REFERENCES.get(("call", cfg, *self._where, name, kink), compute)
+
+    def value_error(self, cfg: PolicyLossConfig, name: str) -> float:
+        try:
+            expected, scale, n_tokens = self.value(cfg, name)
+        except PolgradError:
+            return math.inf
+        return self.tolerance.value(self.observed[name][0], expected, scale, n_tokens).error
+
+    def errors(
+        self, cfg: PolicyLossConfig, name: str, divisor: Divisor | None = None
+    ) -> tuple[float, float]:
+        """``(value error, gradient error)`` of ``cfg`` (``divisor`` shifted) on ``name``."""
+        loss, grad = self.observed[name]
+        try:
+            ref = self._call(cfg, name)
+            shifted = None if divisor is None else _shifted(*self.rows(cfg, name), divisor)
+        except PolgradError:
+            return math.inf, math.inf
+        return _compare(ref, shifted, self.corpus[name], loss, grad, self.tolerance, divisor)
+
+    # -- fitted constants
+
+    def solve(self, at: Callable[[str], tuple[float, float]], rtol: float = 1e-6) -> float | None:
+        """The constant ``c`` with ``observed = a + c * b`` on every corpus batch, where
+        ``at(name) -> (a, b)``; None when the batches disagree beyond ``rtol`` (not a
+        constant)."""
+        values: list[float] = []
+        for name in self.corpus:
+            a, b = at(name)
+            if abs(b) > 1e-9 * (1.0 + abs(a)):
+                values.append(float((self.observed[name][0] - a) / b))
+        if not values or not all(math.isfinite(v) for v in values):
+            return None
+        c = values[0]
+        if all(abs(v - c) <= rtol * max(abs(c), 1e-12) for v in values):
+            return c
+        return None
+
+    def fitted(self, cfg: PolicyLossConfig) -> PolicyLossConfig | None:
+        """``cfg`` with a constant fitted to the observed losses: the token-sum-norm budget
+        (``loss = S / budget``) or the as-loss KL coefficient (``loss = pg + coef * KL``),
+        so that an unpublished constant the function chose is named, not missed."""
+        if cfg not in self._fits:
+            self._fits[cfg] = self._fit(cfg)
+        return self._fits[cfg]
+
+    def _fit(self, cfg: PolicyLossConfig) -> PolicyLossConfig | None:
+        try:
+            if cfg.aggregation is Aggregation.TOKEN_SUM_NORM and not cfg.kl_in_loss:
+                one = cfg.replace(budget=1)
+                inverse = self.solve(lambda name: (0.0, self.value(one, name)[0]))
+                if inverse is None or inverse <= 0:
+                    return None
+                budget = round(1.0 / inverse)
+                return _replace(cfg, budget=budget) if budget >= 1 else None
+            if cfg.kl_in_loss and cfg.kl is not None:
+                unit = cfg.replace(kl=cfg.kl.replace(coef=1.0))
+                coef = self.solve(lambda name: self.terms(unit, name))
+                if coef is None or coef <= 0:
+                    return None
+                return _replace(cfg, kl=cfg.kl.replace(coef=float(f"{coef:.6g}")))
+        except PolgradError:
+            return None
+        return None
+
+    # -- candidates
+
+    def add(self, m: Match) -> Match:
+        """Register ``m`` in generation order (the tie-break of every ranking)."""
+        self._seq.setdefault(_key(m), len(self._seq))
+        return m
+
+    def rank(
+        self, configs: Iterable[PolicyLossConfig], seen: set[tuple[PolicyLossConfig, bool]]
+    ) -> list[Match]:
+        """Score every config not yet ``seen`` (each padded-width option of it)."""
+        out = []
+        for cfg in configs:
+            for padded in _padded_options(cfg):
+                if (cfg, padded) in seen:
+                    continue
+                seen.add((cfg, padded))
+                out.append(self.add(self._score(cfg, padded)))
+        return out
+
+    def _per_batch(self, cfg: PolicyLossConfig, padded: bool) -> dict[str, PolicyLossConfig]:
+        return {
+            name: cfg.replace(budget=batch["response_mask"].shape[1]) if padded else cfg
+            for name, batch in self.corpus.items()
+        }
+
+    def _score(self, cfg: PolicyLossConfig, padded: bool) -> Match:
+        """Value errors first (no backward pass); the gradient only for a candidate whose
+        value matches (``grad_error`` stays inf, "not looked at", otherwise)."""
+        configs = self._per_batch(cfg, padded)
+        value = 0.0
+        for name in self.corpus:
+            value = max(value, self.value_error(configs[name], name))
+            if value > 1.0:
+                return Match(cfg, value, padded, value)
+        order = sorted(self.corpus, key=lambda name: -self._rejects[name])
+        grad = 0.0
+        for i, name in enumerate(order):
+            grad = max(grad, self.errors(configs[name], name)[1])
+            if grad > 1.0:
+                self._rejects[name] += 1
+                if order[i + 1 :]:
+                    self._pending[(cfg, padded, None)] = tuple(order[i + 1 :])
+                break
+        return Match(cfg, max(value, grad), padded, value, grad)
+
+    def _complete(self, m: Match) -> Match:
+        key = _key(m)
+        if key in self._done:
+            return self._done[key]
+        names = self._pending.pop(key, None)
+        if names is None:
+            return m
+        configs = self._per_batch(m.config, m.padded_width_budget)
+        grad = m.grad_error
+        for name in names:
+            grad = max(grad, self.errors(configs[name], name)[1])
+        done = dataclasses.replace(m, error=max(m.value_error, grad), grad_error=grad)
+        self._done[key] = done
+        return done
+
+    def pending(self, m: Match) -> bool:
+        return _key(m) in self._pending
+
+    def fresh(self, items: Iterable[Match]) -> list[Match]:
+        """``items`` with every candidate completed since in its completed form."""
+        return [self._done.get(_key(m), m) for m in items]
+
+    def by_error(self, m: Match) -> tuple[float, int]:
+        return m.error, self._seq[_key(m)]
+
+    def by_rank(self, m: Match) -> tuple[float, float, int]:
+        return m.error, m.value_error, self._seq[_key(m)]
+
+    def settle(
+        self, items: list[Match], key: Callable[[Match], Any], head: int | None
+    ) -> list[Match]:
+        """``items`` (sorted by ``key``) with their first ``head`` (every one for None)
+        scored exactly, sorted by ``key``; unchanged when nothing needed completing."""
+        out = self.fresh(items)
+        changed = any(a is not b for a, b in zip(out, items, strict=True))
+        while True:
+            if changed:
+                out.sort(key=key)
+            todo = [i for i, m in enumerate(out[:head]) if self.pending(m)]
+            if not todo:
+                return out
+            for i in todo:
+                out[i] = self._complete(out[i])
+            changed = True
+
+    def settle_fits(
+        self, ranked: list[Match], seen: set[tuple[PolicyLossConfig, bool]]
+    ) -> list[Match]:
+        """``ranked`` (sorted by :meth:`by_error`) with every pending token-sum-norm or
+        as-loss-KL candidate whose fitted config is new scored exactly: the order of the
+        new fitted configs follows their sources' places in the ranking."""
+
+        def new(cfg: PolicyLossConfig | None) -> bool:
+            return cfg is not None and any((cfg, p) not in seen for p in _padded_options(cfg))
+
+        todo = [
+            m
+            for m in ranked
+            if self.pending(m)
+            and (m.config.aggregation is Aggregation.TOKEN_SUM_NORM or m.config.kl_in_loss)
+            and new(self.fitted(m.config))
+        ]
+        for m in todo:
+            self._complete(m)
+        return self.settle(ranked, self.by_error, 0) if todo else ranked
 
 
 def diagnose(
@@ -476,7 +670,9 @@ def diagnose(
     a candidate's error is its worst over batches and over loss and gradient. ``top <= 0``
     returns the whole ranking.
     """
-    return _ranking(fut, target, tolerance)[: top if top > 0 else None]
+    ranking, scorer = _ranking(fut, target, tolerance)
+    head = top if top > 0 else None
+    return scorer.settle(ranking, scorer.by_rank, head)[:head]
 
 
 _Observed = tuple[
@@ -494,36 +690,37 @@ def _ranking(
     fut: FunctionUnderTest,
     target: PolicyLossConfig,
     tolerance: Tolerance,
-    on_corpus: _Observed | None = None,
-) -> list[Match]:
-    corpus, observed = _observed(fut, tolerance) if on_corpus is None else on_corpus
+) -> tuple[list[Match], _Scorer]:
+    """The ranking and its scorer. When some candidate matches, candidates whose gradient
+    was rejected early may still be pending (:class:`_Scorer`): every match is scored
+    exactly, and :meth:`_Scorer.settle` scores any other head exactly."""
+    s = _Scorer(*_observed(fut, tolerance), tolerance, fut.options.advantages)
     seen: set[tuple[PolicyLossConfig, bool]] = set()
-    first = _rank(_first_pass(target, fut), target, corpus, observed, tolerance, seen)
-    first.sort(key=lambda m: m.error)
+    first = s.rank(_first_pass(target, fut), seen)
+    first = s.settle(sorted(first, key=s.by_error), s.by_error, _REFINE)
     refined: list[Match] = []
     for m in first[:_REFINE]:
         variants = [c for c in _refinements(m.config, target) if _usable(c, fut)]
-        refined += _rank(variants, target, corpus, observed, tolerance, seen)
-    ranked = sorted([*first, *refined], key=lambda m: m.error)
+        refined += s.rank(variants, seen)
+    ranked = s.settle(sorted(s.fresh([*first, *refined]), key=s.by_error), s.by_error, _REFINE)
+    ranked = s.settle_fits(ranked, seen)
     sums = [m for m in ranked if m.config.aggregation is Aggregation.TOKEN_SUM_NORM]
     kls = [m for m in ranked if m.config.kl_in_loss]
     best = ranked[:_REFINE] + sums + kls
-    fitted = [_fitted(m.config, corpus, observed) for m in best]
-    refined += _rank(_unique(fitted), target, corpus, observed, tolerance, seen)
-    ranking = sorted([*first, *refined], key=lambda m: (m.error, m.value_error))
+    fitted = [s.fitted(m.config) for m in best]
+    refined += s.rank(_unique(fitted), seen)
+    ranking = sorted(s.fresh([*first, *refined]), key=s.by_rank)
     if any(m.matches for m in ranking):
-        return ranking
+        return ranking, s
+    ranking = s.settle(ranking, s.by_rank, None)  # nothing pending from here on
     probes = [_with_aggregation(target, agg) for agg in Aggregation]
     probes += [m.config for m in ranking[:_REFINE]] + _registry_losses(fut)
     shifted = _divisor_matches(
-        [c for c in _unique(probes) if _usable(c, fut) and not _placeholder(c)],
-        corpus,
-        observed,
-        tolerance,
+        [c for c in _unique(probes) if _usable(c, fut) and not _placeholder(c)], s
     )
     ranking = sorted([*ranking, *shifted], key=lambda m: (m.error, m.value_error))
     if any(m.matches for m in ranking):
-        return ranking
+        return ranking, s
     # Nothing matches, so one of these is named as the closest: value-only scoring stopped
     # at the first batch whose value missed and never looked at the gradient, so a
     # candidate whose value happens to come near (a KL-Cov selection against a KL term of
@@ -533,12 +730,12 @@ def _ranking(
     plain = [m for m in ranking if m.divisor is None]  # a shifted divisor is scored in full
     own = [m for m in plain if _is_own(m, target)][:_RESCORE]
     todo = {(m.config, m.padded_width_budget): m for m in [*plain[:_RESCORE], *own]}
-    new = {k: _rescored(m, corpus, observed, tolerance) for k, m in todo.items()}
+    new = {k: _rescored(m, s) for k, m in todo.items()}
     ranking = [
         m if m.divisor is not None else new.get((m.config, m.padded_width_budget), m)
         for m in ranking
     ]
-    return sorted(ranking, key=lambda m: (m.error, m.value_error))
+    return sorted(ranking, key=lambda m: (m.error, m.value_error)), s
 
 
 _RESCORE = 8
@@ -546,23 +743,14 @@ _RESCORE = 8
 semantics) get their gradient scored: :func:`closest` names one of them."""
 
 
-def _rescored(
-    m: Match,
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-    tolerance: Tolerance,
-) -> Match:
+def _rescored(m: Match, s: _Scorer) -> Match:
     """``m`` with value and gradient scored on every corpus batch."""
     value = grad = 0.0
-    for name, batch in corpus.items():
+    for name, batch in s.corpus.items():
         cfg = m.config
         if m.padded_width_budget:
             cfg = cfg.replace(budget=batch["response_mask"].shape[1])
-        loss, observed_grad = observed[name]
-        v, g = (
-            math.inf if math.isnan(e) else e
-            for e in _errors(cfg, batch, loss, observed_grad, tolerance)
-        )
+        v, g = (math.inf if math.isnan(e) else e for e in s.errors(cfg, name))
         value, grad = max(value, v), max(grad, g)
     return dataclasses.replace(m, error=max(value, grad), value_error=value, grad_error=grad)
 
@@ -577,12 +765,7 @@ def _placeholder(cfg: PolicyLossConfig) -> bool:
     return cfg.aggregation is Aggregation.TOKEN_SUM_NORM and cfg.budget == 1
 
 
-def _divisor_matches(
-    configs: Iterable[PolicyLossConfig],
-    corpus: Mapping[str, Mapping[str, torch.Tensor]],
-    observed: Mapping[str, tuple[float, torch.Tensor]],
-    tolerance: Tolerance,
-) -> list[Match]:
+def _divisor_matches(configs: Iterable[PolicyLossConfig], s: _Scorer) -> list[Match]:
     """Each config with its divisor shifted by a whole count (:mod:`.divisor`) whose loss
     VALUE matches on every corpus batch, scored like any candidate. One reference call per
     batch and config serves every shift; the gradient is computed only for a value match.
@@ -594,26 +777,24 @@ def _divisor_matches(
             continue
         rows: dict[str, tuple[torch.Tensor, torch.Tensor, float, int]] = {}
         try:
-            for name, batch in corpus.items():
-                ref = Oracle(cfg).reference(batch)
-                _, scale, n_tokens = Oracle(cfg).value(batch)
-                terms = row_terms(ref)
+            for name in s.corpus:
+                terms, mask = s.rows(cfg, name)
+                _, scale, n_tokens = s.value(cfg, name)
                 if terms is None:
                     break
-                rows[name] = (terms, ref.response_mask, scale, n_tokens)
+                rows[name] = (terms, mask, scale, n_tokens)
         except PolgradError:
             continue
-        if len(rows) < len(corpus):
+        if len(rows) < len(s.corpus):
             continue
         for divisor in shifts:
-            if _shifted_value_error(divisor, rows, observed, tolerance) > 1.0:
+            if _shifted_value_error(divisor, rows, s.observed, s.tolerance) > 1.0:
                 continue
             value = grad = 0.0
-            for name, batch in corpus.items():
-                loss, g = observed[name]
-                v, e = _errors(cfg, batch, loss, g, tolerance, divisor)
+            for name in s.corpus:
+                v, e = s.errors(cfg, name, divisor)
                 value, grad = max(value, v), max(grad, e)
-            out.append(Match(cfg, max(value, grad), False, value, grad, divisor))
+            out.append(s.add(Match(cfg, max(value, grad), False, value, grad, divisor)))
     return out
 
 
@@ -656,12 +837,22 @@ def holds_on(
         return False
     assert ev.grad is not None
     loss, grad = float(ev.loss), ev.grad.to(torch.float64)
-    v, g = _errors(cfg, batch, loss, grad, tolerance, match.divisor, as_checked=True)
+    divisor = match.divisor
+    try:
+        ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest)
+        shifted = None
+        if divisor is not None:
+            out = Oracle(cfg).reference(batch)
+            shifted = _shifted(row_terms(out), out.response_mask, divisor)
+    except PolgradError:
+        return False
+    v, g = _compare(ref, shifted, batch, loss, grad, tolerance, divisor, as_checked=True)
     return max(v, g) <= 1.0
 
 
-def _errors(
-    cfg: PolicyLossConfig,
+def _compare(
+    ref: OracleResult,
+    shifted: tuple[torch.Tensor, torch.Tensor] | None,
     batch: Mapping[str, torch.Tensor],
     loss: float,
     grad: torch.Tensor,
@@ -670,15 +861,11 @@ def _errors(
     *,
     as_checked: bool = False,
 ) -> tuple[float, float]:
-    """``(value error, gradient error)`` of ``cfg`` (its divisor shifted by ``divisor``)
-    against the observed loss and gradient; ``as_checked``: with the native scales the
-    value and gradient checks use at the input precision (``Tolerance._pick``), so a batch
-    a check failed on is never judged a match."""
-    try:
-        ref = Oracle(cfg)(batch, kink_eps=tolerance.loosest)
-        shifted = None if divisor is None else _shifted(cfg, divisor, batch)
-    except PolgradError:
-        return math.inf, math.inf
+    """``(value error, gradient error)`` of the reference result ``ref`` (its divisor
+    shifted by ``divisor``, ``shifted`` being :func:`_shifted` of it) against the observed
+    loss and gradient; ``as_checked``: with the native scales the value and gradient checks
+    use at the input precision (``Tolerance._pick``), so a batch a check failed on is never
+    judged a match."""
     expected, scale, g_ref, g_scale = ref.loss, ref.value_scale, ref.grad, ref.grad_scale
     v_native = ref.value_scale_native if as_checked else None
     g_native = ref.grad_scale_native if as_checked else None
@@ -701,24 +888,13 @@ def _errors(
 
 
 def _shifted(
-    cfg: PolicyLossConfig, divisor: Divisor, batch: Mapping[str, torch.Tensor]
+    terms: torch.Tensor | None, mask: torch.Tensor, divisor: Divisor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(c_b, rho_b)``, both ``[B, 1]``: ``cfg``'s per-row loss contributions on ``batch``
-    and the factors of ``divisor``; None where the shift does not apply."""
-    out = Oracle(cfg).reference(batch)
-    terms = row_terms(out)
-    rho = divisor.factors(out.response_mask)
+    """``(c_b, rho_b)``, both ``[B, 1]``: a config's per-row loss contributions
+    (:func:`row_terms`) and the factors of ``divisor`` for its aggregated ``mask``; None
+    where the shift does not apply."""
+    rho = divisor.factors(mask)
     return None if terms is None or rho is None else (terms, rho)
-
-
-def _value_error(
-    cfg: PolicyLossConfig, batch: Mapping[str, torch.Tensor], loss: float, tolerance: Tolerance
-) -> float:
-    try:
-        expected, scale, n_tokens = Oracle(cfg).value(batch)
-    except PolgradError:
-        return math.inf
-    return tolerance.value(loss, expected, scale, n_tokens).error
 
 
 # ----------------------------------------------------------------------- explanation
@@ -822,8 +998,7 @@ def explain(
     'the value matches X but the gradient does not', or the closest candidate."""
     wanted = f"the reference {reference_id!r} is {describe_config(target)}"
     try:
-        on_corpus = _observed(fut, tolerance)
-        ranking = _ranking(fut, target, tolerance, on_corpus)
+        ranking, scorer = _ranking(fut, target, tolerance)
     except Verdict as exc:
         return Explanation(f"not diagnosed ({exc}); {wanted}", "not diagnosed", None)
     full = sorted((m for m in ranking if m.matches), key=lambda m: (_distance(m, target), m.error))
@@ -860,7 +1035,7 @@ def explain(
             f"value is {m.describe()}, gradient is not (a stop-gradient?)",
             None,
         )
-    flipped = _negated_kl(target, *on_corpus, tolerance)
+    flipped = _negated_kl(target, scorer)
     if flipped is not None:
         assert target.kl is not None
         return Explanation(
