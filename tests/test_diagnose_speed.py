@@ -144,6 +144,8 @@ def test_references_are_not_shared_across_input_dtypes(bf16_case: _Case) -> None
     _REFERENCES.clear()
     _explain(_grpo(1.0), "float64")
     assert _explain(_grpo(1.0), "bfloat16") == bf16_case.text
+    ctx = bf16_case.ctx
+    assert diagnose(ctx.fut, ctx.config, ctx.tolerance, top=3) == bf16_case.ranking[:3]
 
 
 def test_the_cache_is_bounded_and_remembers_errors() -> None:
