@@ -406,7 +406,7 @@ class _ReferenceCache:
             self.computed.clear()
 
 
-_REFERENCES = _ReferenceCache(40_000)
+_REFERENCES = _ReferenceCache(20_000)
 """The process's reference results on the corpus (one diagnosis makes about 5 000)."""
 
 
