@@ -124,7 +124,9 @@ class Oracle:
             g_abs = g.abs()
             base = g_abs + g_abs.amax(dim=1, keepdim=True)
             coupling = self._row_coupling(x, mask, adv) * self._curvature(ratio, adv)
-            grad_scale, grad_native = base * cond * coupling, base * native * coupling
+            gate = self._gate_rounding(out, ratio, adv)
+            grad_scale = base * cond * coupling + gate
+            grad_native = base * native * coupling + gate
             if out.kl is not None:
                 assert kl_cond is not None and kl_native is not None
                 grad_scale = grad_scale + self._kl_grad_scale(out, x, kl_cond)
@@ -192,12 +194,26 @@ class Oracle:
         a rounding of the inputs by ``cond`` moves the token loss by its slope in the
         log-ratio, ``|A| r`` for every surrogate plus a penalty's slope ``p`` that does not
         vanish with the advantage (:meth:`_penalty_slope`)."""
-        slope = adv.abs() * out.ratio.detach() + self._penalty_slope(x, out.response_mask)
+        weight = self._applied_weight(out.ratio.detach())
+        slope = adv.abs() * weight + self._penalty_slope(x, out.response_mask)
         terms = out.token_loss.detach().abs() + slope * cond
         if out.kl is not None:
             assert self.config.kl is not None and kl_cond is not None
             terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_cond)
         return float((torch.where(out.response_mask, terms, 0.0) * out.weights.abs()).sum())
+
+    def _applied_weight(self, ratio: torch.Tensor) -> torch.Tensor:
+        """The importance weight the token loss applies: the ratio, except for CISPO's
+        stop-gradient weight ``clamp(r, low, high)`` (arXiv:2506.13585 Eq. 4), whose value
+        moves with ``r`` only inside its bounds. A sequence-product ratio may overflow to
+        inf over a long row (``polgrad_reference.ratios``); the truncated weight does not,
+        and ``|A| * inf`` would make the scale inf (any value accepted) or NaN at A = 0."""
+        clip = self.config.clip
+        if self.config.surrogate is not SurrogateKind.CISPO:
+            return ratio
+        if clip.low is None and clip.high is None:
+            return ratio
+        return ratio.clamp(min=clip.low, max=clip.high)
 
     def _penalty_slope(self, x: Mapping[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
         """``|d penalty_t / d lr_t|``: DRO's ``beta/2 lr^2`` has ``beta |lr|``; KL-Cov's
@@ -260,6 +276,21 @@ class Oracle:
         tau = torch.where(adv > 0, params.tau_pos, params.tau_neg)
         gate = torch.sigmoid(tau * (ratio - 1.0))
         return 1.0 + tau * ratio * (1.0 - 2.0 * gate).abs()
+
+    def _gate_rounding(
+        self, out: PolicyLossOutput, ratio: torch.Tensor, adv: torch.Tensor
+    ) -> torch.Tensor | float:
+        """SAPO's gradient ``4 s (1 - s) r |A| w`` with ``s = sigmoid(tau (r - 1))`` loses
+        ``1 - s`` to the rounding of ``s`` itself near ``s = 1`` (``sigmoid(21)`` is 1 in
+        float32, so a correct float32 gradient is 0 there): an absolute error of
+        ``4 s r |A| |w|`` units of the precision, whatever the inputs' condition (0 for the
+        other surrogates)."""
+        params = self.config.params
+        if self.config.surrogate is not SurrogateKind.SAPO or not isinstance(params, SoftGate):
+            return 0.0
+        tau = torch.where(adv > 0, params.tau_pos, params.tau_neg)
+        gate = torch.sigmoid(tau * (ratio - 1.0))
+        return 4.0 * gate * ratio * adv.abs() * out.weights.abs()
 
     def _selection_undecided(
         self,
@@ -343,9 +374,13 @@ class Oracle:
         self, x: Mapping[str, torch.Tensor], mask: torch.Tensor, eps: float, native: bool
     ) -> bool:
         """Whether a rollout-IS statistic (``log rho`` of a token, its row sum or row mean)
-        lies within ``eps`` roundings of a mask/zero-mode bound. Truncation is continuous
-        and never undecided; a token with ``old == rollout`` bitwise has ``rho = 1`` in any
-        precision."""
+        lies within rounding of a mask/zero-mode bound: each token's ``log rho`` rounds by
+        ``eps`` per unit of condition number, a row's sum adds ``1 + log2 n`` roundings of
+        ``sum |log rho|`` (Higham Sec. 4.2), and the comparison itself adds the rounding of
+        the statistic, of ``rho = exp(stat)`` and of the bound in the function's precision
+        (``eps (2 + |stat|)``: 0.999 is 1.0 in bfloat16). Truncation is continuous and never
+        undecided; a token (a row) with ``old == rollout`` bitwise (everywhere) has
+        ``rho = 1`` in any precision."""
         corr = self.config.is_correction
         if corr is None or corr.mode is ISMode.TRUNCATE:
             return False
@@ -353,15 +388,18 @@ class Oracle:
         roll = torch.where(mask, x["rollout_logprobs"], 0.0)
         log_rho = old - roll
         cond = (1.0 + log_rho.abs()) if native else (1.0 + old.abs() + roll.abs())
-        err = torch.where(old == roll, 0.0, eps * cond)
+        differs = old != roll
+        err = torch.where(differs, eps * cond, 0.0)
         if corr.level is ISLevel.TOKEN:
             stat, band, keep = log_rho, err, mask
         else:
             n = mask.sum(dim=1).clamp(min=1).to(old.dtype)
-            stat, band = log_rho.sum(dim=1), err.sum(dim=1)
+            summation = eps * (1.0 + torch.log2(n)) * log_rho.abs().sum(dim=1)
+            stat, band = log_rho.sum(dim=1), err.sum(dim=1) + summation
             if corr.level is ISLevel.GEOMETRIC:
                 stat, band = stat / n, band / n
-            keep = mask.any(dim=1)
+            keep, differs = mask.any(dim=1), differs.any(dim=1)
+        band = band + torch.where(differs, eps * (2.0 + stat.abs()), 0.0)
         logs = [math.log(b) for b in (corr.low, corr.high) if b is not None and b > 0]
         return any(bool((((stat - lb).abs() <= band) & keep).any()) for lb in logs)
 

@@ -158,3 +158,75 @@ def test_the_value_only_oracle_matches_the_full_one_bitwise() -> None:
                 out = oracle.reference(batch)  # the KL fit reads the two terms from it
                 kl = 0.0 if out.kl_loss is None else float(out.kl_loss)
                 assert math.isclose(float(out.policy_loss) + kl, full.loss, rel_tol=1e-12)
+
+
+# the default-size sweep's SAPO case (--polgrad-seed 24): ratio e^3.05 = 21 with A < 0,
+# so s = sigmoid(1.05 * 20) is 1 - 7.6e-10, which float32 rounds to 1
+SAPO_SATURATED = {
+    "logprobs": torch.tensor([[-3.5761192260257815]], dtype=torch.float64),
+    "old_logprobs": torch.tensor([[-6.622177194961574]], dtype=torch.float64),
+    "advantages": torch.tensor([-3.0], dtype=torch.float64),
+    "response_mask": torch.tensor([[True]]),
+}
+
+
+def test_sapo_in_float32_with_a_saturated_gate_passes_and_a_wrong_tau_is_caught() -> None:
+    """``4 s (1 - s) r |A|`` is 1.85e-7 here, and 0 in float32 (``1 - s`` rounds away):
+    the gradient scale takes the absolute rounding of ``s`` (it read 1010x before)."""
+    opts = parse_marker(("sapo",), {})
+    check_gradient(build_context(_reference("sapo", float32=True), opts), SAPO_SATURATED)
+    wrong = build_context(_reference("sapo", float32=True, tau_neg=1.1), opts)
+    with pytest.raises(CheckFailure):  # tau_neg 1.1 against 1.05, past the gate
+        check_gradient(wrong, SAPO_TOKEN)
+
+
+def _overflowing_rows(dtype: torch.dtype, advantages: tuple[float, float]) -> dict[str, Tensor]:
+    """Two rows of 3000 tokens with log-ratios +0.3 and -0.3: the sequence-product ratio
+    ``exp(sum_t lr_t)`` is inf on row 0 and 0 on row 1, in every precision."""
+    old = torch.full((2, 3000), -2.0, dtype=torch.float64)
+    lp = torch.cat([old[:1] + 0.3, old[1:] - 0.3])
+    batch = {
+        "logprobs": lp,
+        "old_logprobs": old,
+        "advantages": torch.tensor(advantages, dtype=torch.float64),
+        "response_mask": torch.ones(2, 3000, dtype=torch.bool),
+        "ref_logprobs": lp - 0.1,
+        "rollout_logprobs": old + 0.05,
+    }
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_scale_is_finite_where_a_long_rows_ratio_overflows(name: str) -> None:
+    """A scale of inf accepts any value and NaN fails every one: bypass_pg's CISPO weight
+    on a sequence-product ratio read both (the ratio overflowed, not the truncated weight
+    the loss applies), a false alarm of the default-size sweep (--polgrad-seed 22, 24)."""
+    oracle = Oracle(ALGORITHMS[name].loss)
+    for advantages in ((0.0, 0.0), (1.0, -1.0)):
+        result = oracle(_overflowing_rows(torch.float64, advantages), kink_eps=1e-15)
+        if not math.isfinite(result.loss):
+            continue  # an untruncated ratio overflows the loss itself: nothing to scale
+        assert math.isfinite(result.value_scale), (name, advantages)
+        assert math.isfinite(result.value_scale_native), (name, advantages)
+        assert bool(torch.isfinite(result.grad_scale).all()), (name, advantages)
+
+
+def test_bypass_pg_in_float32_passes_an_overflowing_row_and_a_wrong_cap_is_caught() -> None:
+    cfg = ALGORITHMS["bypass_pg"].loss
+    opts = parse_marker(("bypass_pg",), {"dtype": "float32"})
+    batch = _overflowing_rows(torch.float32, (1.0, -1.0))
+
+    def capped(cap: float) -> Callable[..., Tensor]:
+        wrong = cfg.replace(clip=cfg.clip.replace(eps_high=cap))
+
+        def loss(
+            logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+        ) -> Tensor:
+            kw = {"old_logprobs": old_logprobs, "advantages": advantages}
+            return policy_loss(wrong, logprobs=logprobs, response_mask=response_mask, **kw).loss
+
+        return loss
+
+    check_value(build_context(capped(2.0), opts), batch)
+    with pytest.raises(CheckFailure):  # a cap of 2.5 against 2 (it passed on inf before)
+        check_value(build_context(capped(2.5), opts), batch)
