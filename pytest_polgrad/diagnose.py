@@ -439,7 +439,9 @@ class _Scorer:
         self._where = (tolerance.input_dtype, advantages)
         """What the corpus batches depend on (:func:`canonical_corpus`)."""
         self._fits: dict[PolicyLossConfig, PolicyLossConfig | None] = {}
-        self._seq: dict[_Key, int] = {}
+        self._alive: list[Match] = []
+        self._seq: dict[int, int] = {}
+        """``id(match)`` -> generation order (every match stays alive in ``_alive``)."""
         self._pending: dict[_Key, tuple[str, ...]] = {}
         """Batches whose gradient a pending candidate has not been scored on."""
         self._done: dict[_Key, Match] = {}
@@ -547,7 +549,8 @@ class _Scorer:
 
     def add(self, m: Match) -> Match:
         """Register ``m`` in generation order (the tie-break of every ranking)."""
-        self._seq.setdefault(_key(m), len(self._seq))
+        self._seq[id(m)] = len(self._alive)
+        self._alive.append(m)
         return m
 
     def rank(
@@ -602,6 +605,8 @@ class _Scorer:
             grad = max(grad, self.errors(configs[name], name)[1])
         done = dataclasses.replace(m, error=max(m.value_error, grad), grad_error=grad)
         self._done[key] = done
+        self._alive.append(done)
+        self._seq[id(done)] = self._seq[id(m)]
         return done
 
     def pending(self, m: Match) -> bool:
@@ -609,19 +614,23 @@ class _Scorer:
 
     def fresh(self, items: Iterable[Match]) -> list[Match]:
         """``items`` with every candidate completed since in its completed form."""
+        if not self._done:
+            return list(items)
         return [self._done.get(_key(m), m) for m in items]
 
     def by_error(self, m: Match) -> tuple[float, int]:
-        return m.error, self._seq[_key(m)]
+        return m.error, self._seq[id(m)]
 
     def by_rank(self, m: Match) -> tuple[float, float, int]:
-        return m.error, m.value_error, self._seq[_key(m)]
+        return m.error, m.value_error, self._seq[id(m)]
 
     def settle(
         self, items: list[Match], key: Callable[[Match], Any], head: int | None
     ) -> list[Match]:
         """``items`` (sorted by ``key``) with their first ``head`` (every one for None)
         scored exactly, sorted by ``key``; unchanged when nothing needed completing."""
+        if not self._pending and not self._done:
+            return items
         out = self.fresh(items)
         changed = any(a is not b for a, b in zip(out, items, strict=True))
         while True:
@@ -633,6 +642,13 @@ class _Scorer:
             for i in todo:
                 out[i] = self._complete(out[i])
             changed = True
+
+    def finish(self, items: list[Match]) -> list[Match]:
+        """``items`` (sorted by :meth:`by_rank`), every one scored exactly: from here on
+        nothing is pending and lists need no refreshing."""
+        out = self.settle(items, self.by_rank, None)
+        self._done.clear()
+        return out
 
     def settle_fits(
         self, ranked: list[Match], seen: set[tuple[PolicyLossConfig, bool]]
@@ -712,7 +728,7 @@ def _ranking(
     ranking = sorted(s.fresh([*first, *refined]), key=s.by_rank)
     if any(m.matches for m in ranking):
         return ranking, s
-    ranking = s.settle(ranking, s.by_rank, None)  # nothing pending from here on
+    ranking = s.finish(ranking)
     probes = [_with_aggregation(target, agg) for agg in Aggregation]
     probes += [m.config for m in ranking[:_REFINE]] + _registry_losses(fut)
     shifted = _divisor_matches(
