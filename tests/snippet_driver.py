@@ -12,10 +12,13 @@ each as ``python FILE`` would run it:
 
 Before every snippet or script, ``sys.path`` is reset and every module imported since the
 interpreter started that is not part of the standard library or an installed package
-(``site-packages``: torch, pytest, Hypothesis) is dropped, and so are the import
-system's path finders (a relative entry such as ``'tests'`` names another directory now):
-the project's modules, the user's packages and the kit itself (installed editable here)
-are imported afresh, so one snippet cannot help the next. A snippet that raises
+(``site-packages``: torch, pytest, Hypothesis; the kit's own packages, :data:`KIT`, which
+a user has installed and this checkout installs editable) is dropped, and so are the
+import system's path finders (a relative entry such as ``'tests'`` names another
+directory now): the project's modules (``tests``, a pytester project's) and the user's
+packages are imported afresh, so one snippet cannot help the next. ``fresh_kit=True``
+(every script, as ``python SCRIPT`` starts with none of it) drops the kit's modules too:
+the kit is imported afresh, with empty caches. A snippet that raises
 (``SystemExit`` with a status other than 0 included) is reported as
 ``"FAILED\\n<traceback><its stderr>"`` for its case only (its stderr is shown only then).
 
@@ -39,7 +42,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["HASH_SEED", "run_scripts", "run_snippets"]
+__all__ = ["HASH_SEED", "KIT", "run_scripts", "run_snippets"]
+
+KIT = tuple(
+    os.path.realpath(Path(__file__).parents[1] / name) + os.sep
+    for name in ("pytest_polgrad", "polgrad_reference", "strategies")
+)
+"""The directories of the kit's packages in this checkout (``pytest_polgrad/strategies``
+is a link to ``strategies``)."""
 
 HASH_SEED = "12345"
 """The interpreter's ``PYTHONHASHSEED``: another hash seed than a test process's (random
@@ -54,6 +64,7 @@ libraries = tuple(
     os.path.realpath(paths[k]) + os.sep
     for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths
 )
+kit = tuple(json.loads(sys.argv[2]))  # the kit's packages: installed (editable here)
 answers = os.fdopen(int(sys.argv[1]), "w")
 requests = os.fdopen(os.dup(0), "r")  # not sys.stdin: the builtin exit() closes that
 
@@ -65,17 +76,18 @@ def where(module):
     return None if file is None else os.path.realpath(str(file))
 
 
-def owned(module):  # imported from a project, not from the standard library or an install
+def owned(module, fresh):  # imported from a project, not the standard library or an install
     file = where(module)
-    return file is not None and not file.startswith(libraries)
+    kept = libraries if fresh else libraries + kit
+    return file is not None and not file.startswith(kept)
 
 
 for request in requests:
     out = {}
-    for case, path, cwd, front in json.loads(request):
+    for case, path, cwd, front, fresh in json.loads(request):
         sys.stdin = open(os.devnull)  # a snippet reads no request, and may close its stdin
         sys.path[:] = [*front, *base]  # what one snippet put on sys.path does not help
-        for name in [n for n, m in list(sys.modules.items()) if n not in keep and owned(m)]:
+        for name in [n for n, m in list(sys.modules.items()) if n not in keep and owned(m, fresh)]:
             del sys.modules[name]  # nor what it imported from a project
         sys.path_importer_cache.clear()  # finders of relative entries ('tests', '.')
         importlib.invalidate_caches()  # belong to the previous directory
@@ -107,7 +119,7 @@ class _Interpreter:
         read, write = os.pipe()
         outer = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, str(write)],
+            [sys.executable, "-c", SERVER, str(write), json.dumps(KIT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
@@ -123,7 +135,7 @@ class _Interpreter:
         self.answers = os.fdopen(read, "r")
         self.died = ""
 
-    def request(self, jobs: list[tuple[str, str, str, list[str]]]) -> dict[str, str]:
+    def request(self, jobs: list[tuple[str, str, str, list[str], bool]]) -> dict[str, str]:
         assert self.proc.stdin is not None
         try:
             self.proc.stdin.write(json.dumps(jobs) + "\n")
@@ -164,7 +176,7 @@ def _close() -> None:
 atexit.register(_close)
 
 
-def _request(jobs: list[tuple[str, str, str, list[str]]]) -> dict[str, str]:
+def _request(jobs: list[tuple[str, str, str, list[str], bool]]) -> dict[str, str]:
     if not _SERVING or _SERVING[0].proc.poll() is not None:
         _close()
         _SERVING.append(_Interpreter())
@@ -175,23 +187,27 @@ def _request(jobs: list[tuple[str, str, str, list[str]]]) -> dict[str, str]:
         raise
 
 
-def run_snippets(jobs: Iterable[tuple[str, str, str]], tmp: Path) -> dict[str, str]:
+def run_snippets(
+    jobs: Iterable[tuple[str, str, str]], tmp: Path, *, fresh_kit: bool = False
+) -> dict[str, str]:
     """``{case: stdout}`` of every ``(case, code, directory to run from)``; each code is
-    saved as ``tmp/<case>.py`` (outside the directory it runs from)."""
-    files: list[tuple[str, str, str, list[str]]] = []
+    saved as ``tmp/<case>.py`` (outside the directory it runs from). ``fresh_kit``: the
+    kit's modules are imported afresh too."""
+    files: list[tuple[str, str, str, list[str], bool]] = []
     for case, code, cwd in jobs:
         path = tmp / f"{case}.py"
         path.write_text(code)
-        files.append((case, str(path), cwd, []))
+        files.append((case, str(path), cwd, [], fresh_kit))
     return _request(files)
 
 
 def run_scripts(jobs: Iterable[tuple[str, Path, Path, Sequence[Path]]]) -> dict[str, str]:
     """``{case: stdout}`` of every ``(case, script, directory to run from, PYTHONPATH
-    entries)``, each run in place as ``PYTHONPATH=... python SCRIPT`` would run it."""
+    entries)``, each run in place as ``PYTHONPATH=... python SCRIPT`` would run it (the
+    kit imported afresh)."""
     return _request(
         [
-            (case, str(script), str(cwd), [str(script.parent), *map(str, pythonpath)])
+            (case, str(script), str(cwd), [str(script.parent), *map(str, pythonpath)], True)
             for case, script, cwd, pythonpath in jobs
         ]
     )

@@ -238,8 +238,8 @@ def test_which_command(project: pytest.Pytester) -> None:
     """``python -m pytest_polgrad which FILE::NAME`` from the project, as that command
     runs (``runpy.run_module`` as ``__main__``, the working directory first on
     ``sys.path``) in the suite's snippet interpreter (``tests/snippet_driver.py``: another
-    process, the kit imported afresh); its exit status is the ``SystemExit`` code, which
-    must be 0 (anything else reads ``FAILED``)."""
+    process, the kit imported afresh: ``fresh_kit``); its exit status is the
+    ``SystemExit`` code, which must be 0 (anything else reads ``FAILED``)."""
     target = str(Path(project.path) / "test_losses.py::declared")
     command = (
         "import os, runpy, sys\n"
@@ -247,7 +247,8 @@ def test_which_command(project: pytest.Pytester) -> None:
         f"sys.argv = ['pytest_polgrad', 'which', {target!r}]\n"
         "runpy.run_module('pytest_polgrad', run_name='__main__', alter_sys=True)\n"
     )
-    out = run_snippets([("which", command, str(project.path))], project.path)["which"]
+    ran = run_snippets([("which", command, str(project.path))], project.path, fresh_kit=True)
+    out = ran["which"]
     assert not out.startswith("FAILED"), out
     pytest.LineMatcher(out.splitlines()).fnmatch_lines(
         ["*MATCH*token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term*"]

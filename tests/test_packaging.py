@@ -53,8 +53,7 @@ def test_wheel_contents(wheel: Path) -> None:
 
 def test_strategies_import_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
     """In the suite's snippet interpreter (``tests/snippet_driver.py``: another process,
-    where the source tree's kit is not imported at the start of a snippet), the wheel
-    first on ``sys.path``."""
+    the source tree's kit not imported, ``fresh_kit``), the wheel first on ``sys.path``."""
     code = (
         f"import sys; sys.path.insert(0, {str(wheel)!r})\n"
         "import pytest_polgrad.strategies as s, polgrad_reference as r\n"
@@ -62,7 +61,7 @@ def test_strategies_import_from_the_wheel(wheel: Path, tmp_path: Path) -> None:
         f"assert r.__file__.startswith({str(wheel)!r}), r.__file__\n"
         "print(len(s.__all__))\n"
     )
-    out = run_snippets([("wheel", code, str(tmp_path))], tmp_path)["wheel"]
+    out = run_snippets([("wheel", code, str(tmp_path))], tmp_path, fresh_kit=True)["wheel"]
     assert not out.startswith("FAILED"), out
     assert int(out) > 5
 

@@ -85,3 +85,18 @@ def test_one_interpreter_serves_every_call_and_a_dead_one_is_replaced(tmp_path: 
         run_snippets([("exit", "import os\nos._exit(3)\n", str(tmp_path))], tmp_path)
     again = run_snippets([("pid", PID, str(tmp_path))], tmp_path)["pid"]
     assert again != first
+
+
+def test_the_kit_stays_imported_unless_a_fresh_kit_is_asked_for(tmp_path: Path) -> None:
+    """The kit's packages are an install (kept, as site-packages are); ``fresh_kit=True``
+    and every script import them afresh."""
+    mark = "import polgrad_reference\npolgrad_reference.marked_by_a_snippet = True\n"
+    look = "import polgrad_reference\nprint(hasattr(polgrad_reference, 'marked_by_a_snippet'))\n"
+    (tmp_path / "look.py").write_text(look)
+    cwd = str(tmp_path)
+    assert run_snippets([("mark", mark, cwd), ("look", look, cwd)], tmp_path)["look"] == "True\n"
+    fresh = run_snippets([("look", look, cwd)], tmp_path, fresh_kit=True)
+    assert fresh == {"look": "False\n"}
+    run_snippets([("mark", mark, cwd)], tmp_path)
+    script = run_scripts([("look", tmp_path / "look.py", tmp_path, ())])
+    assert script == {"look": "False\n"}

@@ -86,7 +86,7 @@ _CHILD = textwrap.dedent(
     """
 )
 """Run in the suite's snippet interpreter (``tests/snippet_driver.py``): another process,
-with another hash seed (``HASH_SEED``), the kit imported afresh; ``THREADS`` and
+with another hash seed (``HASH_SEED``), the kit imported afresh (``fresh_kit``); ``THREADS`` and
 ``PLANS`` are filled in."""
 
 
@@ -124,7 +124,7 @@ def test_same_seed_gives_identical_tensors_in_another_process(tmp_path: Path) ->
     code = _CHILD.replace("THREADS", str(threads)).replace(
         "PLANS", repr(str(tmp_path / "plans.txt"))
     )
-    child = run_snippets([("child", code, str(ROOT))], tmp_path)["child"]
+    child = run_snippets([("child", code, str(ROOT))], tmp_path, fresh_kit=True)["child"]
     assert not child.startswith("FAILED"), child
     assert os.environ.get("PYTHONHASHSEED") != HASH_SEED  # another hash seed there
     assert child.split() == [drawn.hexdigest(), rebuilt.hexdigest()]

@@ -43,7 +43,7 @@ def test_a_pool_drawn_in_another_process_is_bitwise_identical(tmp_path: Path) ->
     """What xdist needs: another worker (another hash seed, thread count) draws the same
     pool from the same seed: here the suite's snippet interpreter
     (``tests/snippet_driver.py``: another process, hash seed ``HASH_SEED``, the kit
-    imported afresh)."""
+    imported afresh: ``fresh_kit``)."""
     code = textwrap.dedent(
         f"""
         import sys
@@ -57,7 +57,7 @@ def test_a_pool_drawn_in_another_process_is_bitwise_identical(tmp_path: Path) ->
         print(_digest(sample(s, 11, 20)))
         """
     )
-    out = run_snippets([("pool", code, str(ROOT))], tmp_path)["pool"]
+    out = run_snippets([("pool", code, str(ROOT))], tmp_path, fresh_kit=True)["pool"]
     assert not out.startswith("FAILED"), out
     assert os.environ.get("PYTHONHASHSEED") != HASH_SEED  # another hash seed there
     strategy = batches(max_batch=6, max_length=40, holes=True, with_rollout_logprobs=True)
