@@ -455,6 +455,13 @@ class _Scorer:
         batch = self.corpus[name]
         return _REFERENCES.get(("value", cfg, *self._where, name), lambda: Oracle(cfg).value(batch))
 
+    def loss(self, cfg: PolicyLossConfig, name: str) -> float:
+        """``cfg``'s reference loss on ``name`` (:meth:`value`'s first field, without its
+        scale)."""
+        batch = self.corpus[name]
+        key = ("loss", cfg, *self._where, name)
+        return _REFERENCES.get(key, lambda: float(Oracle(cfg).reference(batch).loss))
+
     def terms(self, cfg: PolicyLossConfig, name: str) -> tuple[float, float]:
         """``(policy term, KL term)`` of ``cfg`` on ``name``: its loss is their sum."""
         batch = self.corpus[name]
@@ -505,18 +512,20 @@ class _Scorer:
     def solve(self, at: Callable[[str], tuple[float, float]], rtol: float = 1e-6) -> float | None:
         """The constant ``c`` with ``observed = a + c * b`` on every corpus batch, where
         ``at(name) -> (a, b)``; None when the batches disagree beyond ``rtol`` (not a
-        constant)."""
-        values: list[float] = []
+        constant). Stops at the first batch that disagrees: most candidates fit no
+        constant, and the second batch already says so."""
+        c: float | None = None
         for name in self.corpus:
             a, b = at(name)
             if abs(b) > 1e-9 * (1.0 + abs(a)):
-                values.append(float((self.observed[name][0] - a) / b))
-        if not values or not all(math.isfinite(v) for v in values):
-            return None
-        c = values[0]
-        if all(abs(v - c) <= rtol * max(abs(c), 1e-12) for v in values):
-            return c
-        return None
+                v = float((self.observed[name][0] - a) / b)
+                if not math.isfinite(v):
+                    return None
+                if c is None:
+                    c = v
+                elif not abs(v - c) <= rtol * max(abs(c), 1e-12):
+                    return None
+        return c
 
     def fitted(self, cfg: PolicyLossConfig) -> PolicyLossConfig | None:
         """``cfg`` with a constant fitted to the observed losses: the token-sum-norm budget
@@ -530,7 +539,7 @@ class _Scorer:
         try:
             if cfg.aggregation is Aggregation.TOKEN_SUM_NORM and not cfg.kl_in_loss:
                 one = cfg.replace(budget=1)
-                inverse = self.solve(lambda name: (0.0, self.value(one, name)[0]))
+                inverse = self.solve(lambda name: (0.0, self.loss(one, name)))
                 if inverse is None or inverse <= 0:
                     return None
                 budget = round(1.0 / inverse)
