@@ -90,6 +90,7 @@ ONE_WORKER = frozenset(
     {
         "tests/test_advantages_report.py",
         "tests/test_conformance_calls.py",
+        "tests/test_diagnose_speed.py",
         "tests/test_diagnostics_example.py",
         "tests/test_packaging.py",
         "tests/test_script_snippets.py",
