@@ -370,8 +370,10 @@ class _ReferenceCache:
     batch and the kink band only, never on the function under test, so the second failing
     function diagnosed around the same reference costs a fraction of the first. Bounded:
     the least recently used entries are dropped past ``size`` (an entry holds a few
-    ``[B, T]`` tensors of a corpus batch, at most 4 x 10). A :class:`PolgradError` is
-    remembered and raised again."""
+    ``[B, T]`` tensors of a corpus batch, at most 4 x 10: about 1 KB on average). A
+    :class:`PolgradError` is remembered and raised again. The reference library is taken
+    as fixed for the process: code that patches it and then diagnoses clears the cache
+    (``_REFERENCES.clear()``)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -414,9 +416,10 @@ class _Scorer:
     """Candidate scoring on the corpus for one diagnosis, with the least reference work that
     yields the ranking full scoring would.
 
-    - Every reference evaluation (value; value and gradient; bare output) is memoised by
-      ``(config, batch)``: refinements, fitted constants, shifted divisors and rescoring
-      revisit configs already evaluated.
+    - Every reference evaluation (value; value and gradient; bare loss, terms or row
+      contributions) goes through :data:`_REFERENCES`: refinements, fitted constants,
+      shifted divisors and rescoring revisit configs already evaluated, and so does the
+      next diagnosis around the same reference.
     - Values are scored first, in corpus order, up to the first batch that misses (the
       recorded value error is that prefix's worst); the gradient only for a value match.
     - A value match's gradient is scored batch by batch, the batch that has rejected the
