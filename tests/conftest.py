@@ -7,14 +7,23 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 from hypothesis import HealthCheck, settings
 
 # One torch thread per test process. Under `pytest -n auto` every xdist worker would
 # otherwise start an OpenMP pool as wide as the machine; on 2 cores with 2 workers a small
 # kernel (indexing a 64 x 384 batch) then costs ~10 ms of thread hand-offs instead of ~5 us.
-torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # and in the subprocesses tests start
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    """Every process that runs tests uses one torch thread; the xdist controller runs none
+    and does not import torch (1.2 s of CPU while its workers start)."""
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import torch
+
+    torch.set_num_threads(1)
+
 
 _COMMON = {
     "deadline": None,
