@@ -1,6 +1,6 @@
 """The golden-snapshot workflow end to end, in pytest sessions run inside this process
 (``tests/inline_run.py``; ``-n 2`` has real worker processes), serially and with
-``-n 2``: golden items (200 under ``-n 2``, 90 serially) and user snapshots are recorded,
+``-n 2``: golden items (120 under ``-n 2``, 90 serially) and user snapshots are recorded,
 float noise passes, semantic changes, new, removed, corrupted and raising functions fail
 clearly, ``--snapshot-update`` accepts exactly what changed (and deletes what is unused),
 and nothing unrelated is touched.
@@ -149,7 +149,7 @@ def summary(result: pytest.RunResult) -> str:
     return lines[start + 1]
 
 
-@pytest.mark.parametrize(("workers", "n"), [([], 90), (["-n", "2"], 200)], ids=["serial", "xdist"])
+@pytest.mark.parametrize(("workers", "n"), [([], 90), (["-n", "2"], 120)], ids=["serial", "xdist"])
 def test_golden_lifecycle(project: pytest.Pytester, workers: list[str], n: int) -> None:
     """``n`` golden items (the last ten added in step 2) and four other tests."""
     root = project.path
