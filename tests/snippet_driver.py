@@ -51,9 +51,10 @@ KIT = tuple(
 """The directories of the kit's packages in this checkout (``pytest_polgrad/strategies``
 is a link to ``strategies``)."""
 
-HASH_SEED = "12345"
+HASH_SEED = "54321" if os.environ.get("PYTHONHASHSEED") == "12345" else "12345"
 """The interpreter's ``PYTHONHASHSEED``: another hash seed than a test process's (random
-unless the user sets one), for the tests that draw the same batches in another process."""
+unless the user sets one; never the one set), for the tests that draw the same batches in
+another process."""
 
 SERVER = r"""
 import contextlib, importlib, io, json, os, runpy, sys, sysconfig, traceback
