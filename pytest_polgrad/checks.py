@@ -94,11 +94,13 @@ class Context:
 
     def record(self, cmp: Comparison, what: str) -> float:
         self.worst = max(self.worst, cmp.error)
-        if cmp.ok and cmp.precision is not self.tolerance.input_dtype and not self.failed:
+        finest = self.tolerance.precisions[0]
+        if cmp.ok and cmp.precision is not finest and not self.failed:
             note = (
                 f"{what}: consistent with {str(cmp.precision).removeprefix('torch.')} arithmetic, "
-                f"not {str(self.tolerance.input_dtype).removeprefix('torch.')} (internal "
-                "downcast or an epsilon guard); passes by default, fails with strict=True"
+                f"not {str(finest).removeprefix('torch.')} (an internal downcast, arithmetic in "
+                "the inputs' half precision or an epsilon guard); passes by default, fails "
+                "with strict=True"
             )
             self.notes.add(note)
             self._passing_notes.add(note)

@@ -100,7 +100,8 @@ class ConformanceOptions:
     ``advantages`` is ``"sequence"`` (``[B]``) or ``"token"`` (``[B, T]``); ``layout`` is how
     tensors reach the function; ``loss`` picks the loss out of a tuple/dict return;
     ``tolerance`` multiplies the default tolerance; ``strict`` flags anything beyond
-    float64 rounding; ``expect`` maps a check to the reason it is known to fail;
+    the finest precision's rounding (float64; float32 for float32 and half-precision
+    inputs); ``expect`` maps a check to the reason it is known to fail;
     ``checks`` restricts the generated items; ``padding_nan`` puts NaN (not just finite
     garbage) at padding; ``max_batch`` / ``max_length`` bound the batches (Hypothesis
     draws at most 8 x 256; every pool adds a few realistic-size batches up to these

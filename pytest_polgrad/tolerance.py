@@ -59,9 +59,12 @@ class Comparison:
 class Tolerance:
     """Which precisions are acceptable for a function fed ``input_dtype`` tensors.
 
-    By default a float64-fed function may compute in float32 internally (reported with a
-    note); ``strict`` accepts float64 rounding only, so an epsilon guard such as ``+ 1e-8``
-    in a denominator is flagged. ``factor`` scales every tolerance.
+    By default a float64-fed function may compute in float32 internally, and a function
+    fed bfloat16 or float16 may compute in that half precision instead of upcasting to
+    float32 (either reported with a note); ``strict`` accepts the finest precision only
+    (float64; float32; float32 for half-precision inputs), so an epsilon guard such as
+    ``+ 1e-8`` in a denominator, or an error of a few per cent in a bfloat16-fed loss that
+    upcasts, is flagged. ``factor`` scales every tolerance.
     """
 
     input_dtype: torch.dtype
@@ -70,9 +73,31 @@ class Tolerance:
 
     @property
     def precisions(self) -> tuple[torch.dtype, ...]:
-        if self.strict or self.input_dtype is not torch.float64:
-            return (self.input_dtype,)
-        return (torch.float64, torch.float32)
+        """The accepted arithmetic, finest first: float64 inputs (float64, float32);
+        float32 inputs (float32,); half-precision inputs (float32, the half precision)."""
+        if self.input_dtype is torch.float64:
+            ladder: tuple[torch.dtype, ...] = (torch.float64, torch.float32)
+        elif self.input_dtype is torch.float32:
+            ladder = (torch.float32,)
+        else:  # exact in float32, where a function that upcasts computes
+            ladder = (torch.float32, self.input_dtype)
+        return ladder[:1] if self.strict else ladder
+
+    def exact_in(self, p: torch.dtype) -> bool:
+        """Whether the inputs are exactly representable in precision ``p``: their own, or
+        float32 and float64 for half-precision inputs (never float32 for float64 ones)."""
+        wider = p in (torch.float32, torch.float64)  # float16 cannot hold bfloat16's range
+        return p is self.input_dtype or (
+            wider and unit_roundoff(p) < unit_roundoff(self.input_dtype)
+        )
+
+    def _result_rounding(self, p: torch.dtype) -> float:
+        """Judged at ``p`` finer than the inputs' half precision: one rounding of the result
+        to that precision (a function fed bfloat16 gets its gradient in bfloat16, the
+        dtype of the leaf, whatever it computes in), ``u(input)`` per unit of scale; 0
+        otherwise."""
+        u_in = unit_roundoff(self.input_dtype)
+        return u_in if unit_roundoff(p) < u_in else 0.0
 
     @property
     def loosest(self) -> float:
@@ -88,12 +113,12 @@ class Tolerance:
         band scales with ``1 + |lr|``; otherwise the inputs themselves round and it scales
         with ``1 + |logprobs| + |old_logprobs|``)."""
         loosest = max(self.precisions, key=unit_roundoff)
-        return KINK_ULPS * unit_roundoff(loosest) * self.factor, loosest is self.input_dtype
+        return KINK_ULPS * unit_roundoff(loosest) * self.factor, self.exact_in(loosest)
 
     def _pick(self, p: torch.dtype, scale: _S, native: _S | None) -> _S:
-        """The scale for precision ``p``: ``native`` (inputs exactly representable in ``p``)
-        when given and ``p`` is the input dtype, the conservative ``scale`` otherwise."""
-        return native if native is not None and p is self.input_dtype else scale
+        """The scale for precision ``p``: ``native`` (inputs exactly representable in ``p``,
+        :meth:`exact_in`) when given, the conservative ``scale`` otherwise."""
+        return native if native is not None and self.exact_in(p) else scale
 
     def value(
         self,
@@ -114,6 +139,8 @@ class Tolerance:
             s = self._pick(p, scale, native_scale)
             floor = _K * UNDERFLOW[p] if s > 0 else 0.0  # an exact 0 stays exact
             tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * s + floor
+            if rounding := self._result_rounding(p):
+                tol += self.factor * rounding * s
             # a scale of exactly 0 (every term vanishes) admits no difference at all
             ratio = diff / tol if tol > 0 else (math.inf if diff > 0 else 0.0)
             if ratio <= 1.0:
@@ -138,6 +165,8 @@ class Tolerance:
             s = self._pick(p, scale, native_scale)
             floor = torch.where(s > 0, _K * UNDERFLOW[p], 0.0)  # an exact 0 stays exact
             tol = self.factor * unit_roundoff(p) * _K * s + floor
+            if rounding := self._result_rounding(p):
+                tol = tol + self.factor * rounding * s
             # an entry whose scale is exactly 0 (the reference's gradient and every term of
             # its scale vanish) admits no difference: inf, not a ratio to a tiny floor
             exact = torch.where(diff > 0, torch.inf, 0.0)

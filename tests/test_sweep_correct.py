@@ -2,7 +2,7 @@
 check on 30 pooled batches per check at the default sizes (realistic-size batches of up to
 64 rows and 4096 tokens included), computing in float64, in float32 internally, and fed
 float32 and bfloat16 inputs (strict too, where the function's arithmetic is the input
-dtype's). A false alarm on correct code is as bad as a missed bug.
+dtype's, and for bfloat16 inputs computed in float32, which strict judges at float32). A false alarm on correct code is as bad as a missed bug.
 
 The budget is in pooled batches and dtypes: the canonical corpus batches every check
 runs first count toward ``max_examples`` and are the same for every seed, so one call
@@ -71,7 +71,8 @@ CORRECT: list[Case] = [(n, n, fn, {}) for n, fn in L.CORRECT.items()] + EXTRA
 
 
 def _float32_inside(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` computing in float32 on float64 inputs (a common internal downcast)."""
+    """``fn`` computing in float32: on float64 inputs a common internal downcast, on
+    bfloat16 inputs the upcast trainers do; the loss is returned in the inputs' dtype."""
 
     def inner(**kw: Tensor) -> Tensor:
         cast = {k: v.float() if v.is_floating_point() else v for k, v in kw.items()}
@@ -90,6 +91,8 @@ MODES: dict[str, tuple[Callable[[Callable[..., Any]], Callable[..., Any]], dict[
     "float32-inside": (_float32_inside, {}),
     "float32-inputs": (lambda f: f, {"dtype": "float32", "strict": True}),
     "bfloat16-inputs": (lambda f: f, {"dtype": "bfloat16"}),
+    # fed bfloat16 and computing in float32 (as verl and TRL do): judged at float32
+    "bfloat16-upcast-strict": (_float32_inside, {"dtype": "bfloat16", "strict": True}),
 }
 
 

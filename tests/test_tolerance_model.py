@@ -119,3 +119,54 @@ def test_a_float32_vespo_with_underflowing_gradients_passes() -> None:
     fn = reference_loss(ALGORITHMS["vespo"].loss)
     opts: dict[str, Any] = {"dtype": "float32", "strict": True, "max_batch": 4, "max_length": 24}
     assert_conforms(fn, "vespo", max_examples=34, seed=14, checks=("gradient",), **opts)
+
+
+def test_half_precision_inputs_accept_float32_first() -> None:
+    """bfloat16 and float16 are exact in float32: a loss that upcasts computes there."""
+    for half in (torch.bfloat16, torch.float16):
+        assert Tolerance(half).precisions == (torch.float32, half)
+        assert Tolerance(half, strict=True).precisions == (torch.float32,)
+        assert Tolerance(half).exact_in(torch.float32)  # the native scale applies there
+    assert not Tolerance(torch.float64).exact_in(torch.float32)
+    assert not Tolerance(torch.bfloat16).exact_in(torch.float16)  # bfloat16's range
+    assert Tolerance(torch.float64).precisions == (torch.float64, torch.float32)
+    assert Tolerance(torch.float32).precisions == (torch.float32,)
+
+
+def _upcast(eps_high: float) -> Any:
+    """A DAPO fed bfloat16 that upcasts to float32 (as verl and TRL do), ``eps_high``."""
+
+    def loss(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        lp, old, adv = (t.float() for t in (logprobs, old_logprobs, advantages))
+        r = torch.exp(torch.where(response_mask, lp - old, 0.0))
+        a = adv[:, None]
+        per = torch.maximum(-a * r, -a * r.clamp(0.8, 1.0 + eps_high))
+        return torch.where(response_mask, per, 0.0).sum() / response_mask.sum()
+
+    return loss
+
+
+def test_a_bfloat16_fed_loss_that_upcasts_is_judged_at_float32_with_strict() -> None:
+    """Its gradient is bfloat16 (the leaf's dtype) yet passes strict: the result's one
+    rounding to bfloat16 is allowed. An eps_high of 0.25 instead of 0.28 (a few per cent
+    on the tokens between) is caught by value and gradient with strict, where bfloat16
+    tolerance lets the value pass (with the note saying so)."""
+    for check in ("value", "gradient"):
+        assert _run(_upcast(0.28), check, dtype="bfloat16", strict=True).passed, check
+        assert not _run(_upcast(0.25), check, dtype="bfloat16", strict=True).passed, check
+    loose = _run(_upcast(0.25), "value", dtype="bfloat16")
+    assert loose.passed and any("consistent with bfloat16" in n for n in loose.notes)
+
+
+def test_a_bfloat16_native_loss_passes_by_default_and_fails_strict() -> None:
+    """A DAPO computed in bfloat16 passes by default. With strict its clip kinks are judged
+    at float32's band, where bfloat16 rounding takes the other branch: the gradient fails
+    (its value error, within one bfloat16 rounding of the result, cannot tell the two
+    apart)."""
+    native = _cast(torch.bfloat16)
+    for check in ("value", "gradient"):
+        assert _run(native, check, dtype="bfloat16").passed, check
+    assert not _run(native, "gradient", dtype="bfloat16", strict=True).passed
+    assert not any("consistent" in n for n in _run(_upcast(0.28), dtype="bfloat16").notes)

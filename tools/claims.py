@@ -288,8 +288,8 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "every correct loss passes every check on 30 pooled batches per check at the "
-        "default sizes, in float64, float32 inside, float32 and bfloat16 inputs (no false "
-        "alarm)",
+        "default sizes, in float64, float32 inside, float32 and bfloat16 inputs, and "
+        "bfloat16 inputs computed in float32 with strict (no false alarm)",
         "tolerance.md",
         "tests/test_sweep_correct.py::test_every_correct_loss_passes_every_check_at_default_sizes",
     ),

@@ -101,10 +101,11 @@ class TokenContext:
 
     def record(self, cmp: Comparison, what: str) -> float:
         self.worst = max(self.worst, cmp.error)
-        if cmp.ok and cmp.precision is not self.tolerance.input_dtype:
+        finest = self.tolerance.precisions[0]
+        if cmp.ok and cmp.precision is not finest:
             self.notes.add(
                 f"{what}: consistent with {str(cmp.precision).removeprefix('torch.')} "
-                f"arithmetic, not {str(self.tolerance.input_dtype).removeprefix('torch.')}; "
+                f"arithmetic, not {str(finest).removeprefix('torch.')}; "
                 "passes by default, fails with strict=True"
             )
         return cmp.error
