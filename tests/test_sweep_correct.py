@@ -2,7 +2,8 @@
 check on 30 pooled batches per check at the default sizes (realistic-size batches of up to
 64 rows and 4096 tokens included), computing in float64, in float32 internally, and fed
 float32 and bfloat16 inputs (strict too, where the function's arithmetic is the input
-dtype's, and for bfloat16 inputs computed in float32, which strict judges at float32). A false alarm on correct code is as bad as a missed bug.
+dtype's, and for bfloat16 inputs computed in float32, which strict judges at float32). A
+false alarm on correct code is as bad as a missed bug.
 
 The budget is in pooled batches and dtypes: the canonical corpus batches every check
 runs first count toward ``max_examples`` and are the same for every seed, so one call
