@@ -282,6 +282,13 @@ class FunctionUnderTest:
         self.parameters = resolve_parameters(fn)
         """``{input name: parameter name}``: how each input is passed (aliases resolved)."""
         self.takes = tuple(self.parameters)
+        signature = inspect.signature(fn).parameters
+        self.required = frozenset(
+            n
+            for n, name in self.parameters.items()
+            if name in signature and signature[name].default is inspect.Parameter.empty
+        )
+        """The inputs whose parameter has no default: the kit must feed each of them."""
         if "logprobs" not in self.takes:
             raise SignatureError(
                 f"{getattr(fn, '__qualname__', fn)!r} has no 'logprobs' parameter; a marked loss "

@@ -138,6 +138,41 @@ def test_optional_extra_parameters_are_left_at_their_defaults() -> None:
     assert resolve_parameters(loss) == {n: n for n in FunctionUnderTest(loss, _options()).takes}
 
 
+def _bypass(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    rollout_logprobs: Tensor,
+) -> Tensor:
+    """verl's bypass mode spells its rollout logprobs ``rollout_logprobs``."""
+    return L.dapo(logprobs, old_logprobs, advantages, response_mask)
+
+
+def test_a_required_input_the_reference_does_not_read_is_one_signature_error() -> None:
+    """bypass_pg has no rollout-IS correction, so no batch carries rollout_logprobs: one
+    SignatureError saying so, not a TypeError on every batch of every check (a new user's
+    trial); with a default the function is called without it."""
+    with pytest.raises(
+        SignatureError, match=r"requires parameter 'rollout_logprobs'.*old_logprobs"
+    ):
+        assert_conforms(_bypass, "bypass_pg", max_examples=5)
+    with pytest.raises(SignatureError, match=r"'ref_logprobs'.*no KL term in the loss"):
+        assert_conforms(lambda logprobs, ref_logprobs: logprobs.sum(), "dapo", max_examples=5)
+
+    def optional(
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        rollout_logprobs: Tensor | None = None,
+    ) -> Tensor:
+        assert rollout_logprobs is None
+        return L.dapo(logprobs, old_logprobs, advantages, response_mask)
+
+    assert assert_conforms(optional, "dapo", max_examples=5, checks=["value"]).ok
+
+
 def test_var_keyword_takes_every_input_by_its_canonical_name() -> None:
     def loss(log_probs: Tensor, **kw: Tensor) -> Tensor:
         return L.dapo(log_probs, kw["old_logprobs"], kw["advantages"], kw["response_mask"])

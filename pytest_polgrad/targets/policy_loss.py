@@ -32,7 +32,7 @@ from ..strategies import EXTREME, Batch, BatchPlan, batches, build
 from ..strategies._domain import DOMAINS, boundaries
 from ..strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
 from ..strategies._values import _column_aims, base_floor
-from ..target import FunctionUnderTest
+from ..target import FunctionUnderTest, SignatureError
 from ..tolerance import Tolerance
 from . import CallStore, Diagnosis, KindCheck
 
@@ -105,6 +105,33 @@ class SharedOracle(Oracle):
         return result
 
 
+def _require_fed(
+    fut: FunctionUnderTest, cfg: PolicyLossConfig, options: ConformanceOptions
+) -> None:
+    """A required parameter for an input the reference does not read is never fed: say so
+    once, as a :class:`SignatureError`, instead of a ``TypeError`` on every batch."""
+    unread = {
+        "rollout_logprobs": None
+        if cfg.is_correction is not None
+        else "it has no rollout-IS correction, so no batch carries rollout logprobs (a "
+        "bypass-mode loss such as verl's, registry 'bypass_pg', reads the rollout "
+        "logprobs as its old_logprobs: pass them there)",
+        "ref_logprobs": None
+        if cfg.kl_in_loss
+        else "it has no KL term in the loss, so no batch carries reference logprobs",
+    }
+    reference = options.reference if isinstance(options.reference, str) else "the config"
+    for input_name, why in unread.items():
+        if why is not None and input_name in fut.required:
+            param = fut.parameters[input_name]
+            spelled = param if param == input_name else f"{param} ({input_name})"
+            raise SignatureError(
+                f"{fut.name} requires parameter {spelled!r}, which reference {reference!r} "
+                f"does not read: {why}; give the parameter a default (None) or mark the "
+                "function against a reference that reads it"
+            )
+
+
 # ---- the kind ---------------------------------------------------------------------------
 
 
@@ -174,6 +201,7 @@ class PolicyLossKind:
                 "compared without the reference's as-loss KL term: the function takes no "
                 "ref_logprobs (most current GRPO setups train without it)"
             )
+        _require_fed(fut, cfg, options)
         tol = Tolerance(_DTYPES[options.dtype], strict=options.strict, factor=options.tolerance)
         ctx = PolicyLossContext(
             fut=fut, oracle=SharedOracle(cfg), tolerance=tol, options=options, name=name
