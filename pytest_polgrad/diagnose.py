@@ -1035,10 +1035,18 @@ def explain(
         # candidate is within tolerance): name the reference, not the lowest-error one
         m, others = full[0], len(full) - 1
         also = f"; at this precision {others} other candidate(s) do too" if others else ""
+        hint = ""
+        if others and tolerance.precisions[-1] in (torch.bfloat16, torch.float16):
+            half = str(tolerance.precisions[-1]).removeprefix("torch.")
+            hint = (
+                f" At {half} tolerance the corpus cannot tell these semantics apart: a "
+                "function that computes in float32 is judged, and diagnosed, at float32 "
+                "with strict=True."
+            )
         return Explanation(
             f"on the canonical corpus this function matches {m.describe()}, the reference "
             f"itself (within tolerance{also}): the deviation shows on other batches only; "
-            f"{wanted}.",
+            f"{wanted}.{hint}",
             f"is {m.describe()}",
             m,
         )

@@ -184,6 +184,9 @@ def test_at_bfloat16_the_corpus_names_the_reference_not_the_lowest_error_candida
     ), found.text
     assert "the deviation shows on other batches only" in found.text
     assert "0.0003" not in found.text and "gspo" not in found.text
+    # and it says what would tell them apart (a new user read the reference as cleared)
+    assert "At bfloat16 tolerance the corpus cannot tell these semantics apart" in found.text
+    assert "at float32 with strict=True" in found.text
 
 
 @pytest.mark.parametrize("precision", ["float64", "float32-internal"])
