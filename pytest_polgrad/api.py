@@ -81,9 +81,14 @@ class ConformanceReport:
 
     def summary(self) -> str:
         """One row per check: its status, then what happened (:meth:`_counts`)."""
+        from .notes import passing_notes
+
         lines = [f"{self.function} against {self.reference!r} ({self.kind}):"]
         for r in self.results:
             lines.append(f"  {r.check:<18} {self._status(r)}  {self._counts(r)}".rstrip())
+        notes = passing_notes([(self.function, list(r.notes)) for r in self.results if r.passed])
+        if notes:
+            lines += ["  notes:", *(f"    {n.removeprefix(self.function + ': ')}" for n in notes)]
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -96,10 +96,14 @@ class Context:
         self.worst = max(self.worst, cmp.error)
         finest = self.tolerance.precisions[0]
         if cmp.ok and cmp.precision is not finest and not self.failed:
+            why = (
+                "arithmetic in the inputs' own precision, not an upcast"
+                if cmp.precision is self.tolerance.input_dtype
+                else "an internal downcast or an epsilon guard"
+            )
             note = (
                 f"{what}: consistent with {str(cmp.precision).removeprefix('torch.')} arithmetic, "
-                f"not {str(finest).removeprefix('torch.')} (an internal downcast, arithmetic in "
-                "the inputs' half precision or an epsilon guard); passes by default, fails "
+                f"not {str(finest).removeprefix('torch.')} ({why}); passes by default, fails "
                 "with strict=True"
             )
             self.notes.add(note)

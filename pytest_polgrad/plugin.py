@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from .collect import Target, targets
+from .notes import passing_notes
 from .options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
 from .threads import apply as apply_threads
 from .threads import parse as parse_threads
@@ -437,6 +438,13 @@ class Reporter:
         tr.write_line(fmt.format(*header, "diagnosis"))
         for row in rows:
             tr.write_line(fmt.format(*row))
+        passed = [(str(r["function"]), list(r.get("notes") or ())) for r in self.results
+                  if r.get("status") == "passed"]  # fmt: skip
+        notes = passing_notes(passed)
+        if notes:
+            tr.write_line("notes of passing checks:")
+            for line in notes:
+                tr.write_line(f"  {line}")
         missing = sum(r.get("golden") == "missing" for r in self.results)
         if missing:
             tr.write_line(
