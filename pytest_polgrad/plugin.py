@@ -583,7 +583,12 @@ def _verdict_or_state(rows: list[dict[str, Any]], failed: int, expected: int) ->
     planned = set(rows[0].get("checks") or [r["check"] for r in rows])
     ran = {r["check"] for r in rows if r["status"] in ("passed", "xfailed")}
     if not planned <= ran:
-        return f"{len(ran & planned)} of {len(planned)} checks ran: no verdict"
+        left = sorted(planned - ran)
+        shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+        return (
+            f"{len(ran & planned)} of {len(planned)} checks ran, all passed; not run: {shown} "
+            "(no overall verdict)"
+        )
     return "conforms" if expected == 0 else "conforms, except the declared deviations"
 
 
