@@ -97,7 +97,8 @@ class Context:
         finest = self.tolerance.precisions[0]
         if cmp.ok and cmp.precision is not finest and not self.failed:
             why = (
-                "arithmetic in the inputs' own precision, not an upcast"
+                "arithmetic in the inputs' own precision, or a deviation within its rounding: "
+                "a loss that upcasts is judged at float32 with strict=True"
                 if cmp.precision is self.tolerance.input_dtype
                 else "an internal downcast or an epsilon guard"
             )
@@ -121,9 +122,18 @@ class Context:
         return 0.0
 
     def mark_failed(self) -> None:
-        """A check failed: withdraw the notes that say it passes."""
+        """A check failed: withdraw the notes that say it passes, and say what strict does
+        with half-precision inputs (its failures at clip kinks look like other bugs)."""
         self.failed = True
         self.notes -= self._passing_notes
+        tol = self.tolerance
+        if tol.strict and tol.precisions[-1] is not tol.input_dtype:
+            half = str(tol.input_dtype).removeprefix("torch.")
+            self.notes.add(
+                f"strict=True judges {half} inputs at float32, for a loss that upcasts: a loss "
+                f"that computes in {half} fails it, first at the clip kinks its rounding "
+                "moves (the diagnosis may then name another cause); drop strict=True for it"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The notes of passing checks reach the reader (a new user's trial found the "consistent
 with float32 arithmetic" note only in the JSON report): ``assert_conforms``'s summary lists
 them, and the plugin's terminal summary prints them under its table, each note once per
-function; a function without notes adds nothing."""
+function (a precision note once, with the quantities it was seen on); a function without
+notes adds nothing."""
 
 from __future__ import annotations
 
@@ -26,8 +27,15 @@ def test_the_api_summary_lists_the_notes_of_passing_checks() -> None:
 
 
 def test_each_note_is_listed_once_per_function_and_the_list_is_bounded() -> None:
-    notes = [("f", ["value: a", "value: a"]), ("f", ["value: a", "gradient: b"]), ("g", ["c"])]
-    assert passing_notes(notes) == ["f: value: a", "f: gradient: b", "g: c"]
+    """Sorted by function (xdist reports arrive in completion order); a precision note once,
+    with the quantities it was seen on."""
+    x = "consistent with x"
+    notes = [
+        ("f", [f"value: {x}", f"value: {x}"]),
+        ("f", [f"gradient: {x}", "other"]),
+        ("e", ["c"]),
+    ]
+    assert passing_notes(notes) == ["e: c", f"f: value, gradient: {x}", "f: other"]
     many = passing_notes([("f", [f"note {i}" for i in range(30)])], limit=20)
     assert len(many) == 21 and many[-1] == "... and 10 more (--polgrad-report)"
 
@@ -54,4 +62,6 @@ def test_the_terminal_summary_prints_the_notes_of_passing_checks(
         pytester, "-p", "no:cacheprovider", "-p", "no:randomly", "--polgrad-max-examples=10"
     )
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["notes of passing checks:", f"  float32_inside: value: {NOTE}*"])
+    result.stdout.fnmatch_lines(
+        ["notes of passing checks:", f"  float32_inside: value, d loss / d logprobs: {NOTE}*"]
+    )

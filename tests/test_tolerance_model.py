@@ -168,5 +168,9 @@ def test_a_bfloat16_native_loss_passes_by_default_and_fails_strict() -> None:
     native = _cast(torch.bfloat16)
     for check in ("value", "gradient"):
         assert _run(native, check, dtype="bfloat16").passed, check
-    assert not _run(native, "gradient", dtype="bfloat16", strict=True).passed
+    strict = _run(native, "gradient", dtype="bfloat16", strict=True)
+    assert not strict.passed
+    # its report says what strict does here (the diagnosis may name another cause)
+    assert any("strict=True judges bfloat16 inputs at float32" in n for n in strict.notes)
+    assert not any("strict=True judges" in n for n in _run(native, "gradient").notes)
     assert not any("consistent" in n for n in _run(_upcast(0.28), dtype="bfloat16").notes)
