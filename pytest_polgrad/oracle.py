@@ -265,32 +265,39 @@ class Oracle:
         slope = (k - lam * torch.exp(log_w.clamp(max=50.0))).abs()
         return 1.0 + mask.sum(dim=1, keepdim=True).to(F64) * slope
 
+    def _sapo_gate(
+        self, ratio: torch.Tensor, adv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(tau, s)`` with ``s = sigmoid(tau (r - 1))``, ``tau = tau_pos`` where ``A > 0``
+        else ``tau_neg`` (as ``polgrad_reference.surrogates``); None unless SAPO."""
+        params = self.config.params
+        if self.config.surrogate is not SurrogateKind.SAPO or not isinstance(params, SoftGate):
+            return None
+        tau = torch.where(adv > 0, params.tau_pos, params.tau_neg)
+        return tau, torch.sigmoid(tau * (ratio - 1.0))
+
     def _curvature(self, ratio: torch.Tensor, adv: torch.Tensor) -> torch.Tensor:
         """Per-token amplification of rounding in the gradient by the surrogate's
         curvature: SAPO's gradient ``g ~ s (1 - s) r`` with ``s = sigmoid(tau (r - 1))``
         has ``d log g / d lr = 1 + tau r (1 - 2 s)``, up to ``1 + tau r`` past the gate
         (1 for the others: their gradient is proportional to ``r``)."""
-        params = self.config.params
-        if self.config.surrogate is not SurrogateKind.SAPO or not isinstance(params, SoftGate):
+        sapo = self._sapo_gate(ratio, adv)
+        if sapo is None:
             return torch.ones_like(ratio)
-        tau = torch.where(adv > 0, params.tau_pos, params.tau_neg)
-        gate = torch.sigmoid(tau * (ratio - 1.0))
+        tau, gate = sapo
         return 1.0 + tau * ratio * (1.0 - 2.0 * gate).abs()
 
     def _gate_rounding(
         self, out: PolicyLossOutput, ratio: torch.Tensor, adv: torch.Tensor
     ) -> torch.Tensor | float:
-        """SAPO's gradient ``4 s (1 - s) r |A| w`` with ``s = sigmoid(tau (r - 1))`` loses
-        ``1 - s`` to the rounding of ``s`` itself near ``s = 1`` (``sigmoid(21)`` is 1 in
-        float32, so a correct float32 gradient is 0 there): an absolute error of
-        ``4 s r |A| |w|`` units of the precision, whatever the inputs' condition (0 for the
-        other surrogates)."""
-        params = self.config.params
-        if self.config.surrogate is not SurrogateKind.SAPO or not isinstance(params, SoftGate):
+        """SAPO's gradient ``4 s (1 - s) r |A| w`` loses ``1 - s`` to the rounding of ``s``
+        itself near ``s = 1`` (``sigmoid(21)`` is 1 in float32, so a correct float32
+        gradient is 0 there): an absolute error of ``4 s r |A| |w|`` units of the
+        precision, whatever the inputs' condition (0 for the other surrogates)."""
+        sapo = self._sapo_gate(ratio, adv)
+        if sapo is None:
             return 0.0
-        tau = torch.where(adv > 0, params.tau_pos, params.tau_neg)
-        gate = torch.sigmoid(tau * (ratio - 1.0))
-        return 4.0 * gate * ratio * adv.abs() * out.weights.abs()
+        return 4.0 * sapo[1] * ratio * adv.abs() * out.weights.abs()
 
     def _selection_undecided(
         self,
