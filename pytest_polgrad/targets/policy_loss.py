@@ -105,24 +105,21 @@ class SharedOracle(Oracle):
         return result
 
 
-def _require_fed(
-    fut: FunctionUnderTest, cfg: PolicyLossConfig, options: ConformanceOptions
-) -> None:
+_UNREAD = {
+    "rollout_logprobs": "it has no rollout-IS correction, so no batch carries rollout logprobs "
+    "(a bypass-mode loss such as verl's, registry 'bypass_pg', reads the rollout logprobs as "
+    "its old_logprobs: pass them there)",
+    "ref_logprobs": "it has no KL term in the loss, so no batch carries reference logprobs",
+}
+"""Why a batch lacks each optional input (:attr:`Oracle.needs` says which ones it carries)."""
+
+
+def _require_fed(fut: FunctionUnderTest, oracle: Oracle, options: ConformanceOptions) -> None:
     """A required parameter for an input the reference does not read is never fed: say so
     once, as a :class:`SignatureError`, instead of a ``TypeError`` on every batch."""
-    unread = {
-        "rollout_logprobs": None
-        if cfg.is_correction is not None
-        else "it has no rollout-IS correction, so no batch carries rollout logprobs (a "
-        "bypass-mode loss such as verl's, registry 'bypass_pg', reads the rollout "
-        "logprobs as its old_logprobs: pass them there)",
-        "ref_logprobs": None
-        if cfg.kl_in_loss
-        else "it has no KL term in the loss, so no batch carries reference logprobs",
-    }
     reference = options.reference if isinstance(options.reference, str) else "the config"
-    for input_name, why in unread.items():
-        if why is not None and input_name in fut.required:
+    for input_name, why in _UNREAD.items():
+        if input_name in fut.required and input_name not in oracle.needs:
             param = fut.parameters[input_name]
             spelled = param if param == input_name else f"{param} ({input_name})"
             raise SignatureError(
@@ -201,11 +198,10 @@ class PolicyLossKind:
                 "compared without the reference's as-loss KL term: the function takes no "
                 "ref_logprobs (most current GRPO setups train without it)"
             )
-        _require_fed(fut, cfg, options)
+        oracle = SharedOracle(cfg)
+        _require_fed(fut, oracle, options)
         tol = Tolerance(_DTYPES[options.dtype], strict=options.strict, factor=options.tolerance)
-        ctx = PolicyLossContext(
-            fut=fut, oracle=SharedOracle(cfg), tolerance=tol, options=options, name=name
-        )
+        ctx = PolicyLossContext(fut=fut, oracle=oracle, tolerance=tol, options=options, name=name)
         ctx.notes |= notes
         return ctx
 
