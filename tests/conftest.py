@@ -93,26 +93,6 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-# ------------------------------------------------- xdist: longest work first
-
-FIRST = (
-    "tests/test_snapshot_workflow.py",
-    "tests/test_conformance_plugin.py",
-    "tests/test_snapshot_safety.py",
-    "tests/test_quickstart.py",
-    "tests/test_kind_snippets_run.py",
-)
-"""Modules whose tests each run whole pytest sessions (seconds apiece, up to 13 s): they
-are collected first, so that under ``-n`` the longest items start first and no worker is
-left running one of them alone at the end (longest-processing-time-first scheduling).
-The order within a module is kept."""
-
-
-def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    rank = {module: i for i, module in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(FIRST)))
-
-
 # ------------------------------------------------- xdist: modules kept on one worker
 
 ONE_WORKER = frozenset(
