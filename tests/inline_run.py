@@ -19,6 +19,9 @@ the process could break:
   report's caches and the snapshot module's ``_WRITE_ERRORS`` and ``RETAIN`` must be as
   they were; :func:`run` fails naming what changed (``may_change=`` exempts a name a test
   changes on purpose), after putting back torch's and Hypothesis's settings;
+- ``-n`` workers: started by :mod:`tests.forked_workers` (forked from a process that has
+  imported torch, about 1.2 s of CPU less per worker; what a fork cannot honour gets a
+  fresh interpreter);
 - ``sys.modules``: pytester drops every module the run imported first, at the end of the
   run and again at the end of the test; a library module dropped that way is imported a
   second time later (two ``_POOLS``, two exception classes, torch registering its ops
@@ -45,6 +48,7 @@ import torch
 from hypothesis import settings
 
 from pytest_polgrad import engine, report, snapshot
+from tests import forked_workers
 
 __all__ = ["PRELOAD", "STATE", "XDIST_ENV", "run"]
 
@@ -226,7 +230,10 @@ def run(
                 getattr(module, name).clear()
             if cold:
                 settings.load_profile("default")
-            result = pytester.runpytest_inprocess(*args, plugins=[modules], no_reraise_ctrlc=True)
+            with forked_workers.forking():
+                result = pytester.runpytest_inprocess(
+                    *args, plugins=[modules], no_reraise_ctrlc=True
+                )
     finally:
         if cold:
             settings.load_profile(before["hypothesis profile"])

@@ -1,0 +1,162 @@
+"""tests/forked_workers.py: a forked xdist worker stands in for a fresh interpreter.
+
+The launcher is run here as execnet runs it (``LAUNCHER -u -c CODE``, streams as pipes),
+and an inner ``-n 2`` session compares forked workers with fresh ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import forked_workers, inline_run
+
+pytest_plugins = ["pytester"]
+
+
+def _launch(code: str, *, env: dict[str, str] | None = None, **kw: Any) -> subprocess.Popen[str]:
+    """``LAUNCHER -u -c code`` through the first zygote, as execnet's popen gateway."""
+    with forked_workers.forking():
+        from execnet import XSpec, gateway_io
+
+        args = gateway_io.popen_args(XSpec("popen"))
+    args[-1] = code
+    return subprocess.Popen(
+        args,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
+
+
+def _facts(**kw: Any) -> dict[str, Any]:
+    """What the launched process reports about itself, and its launcher's pid."""
+    report = (
+        "import json, os, sys; print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), "
+        "'path': sys.path[:2], "
+        "'var': os.environ.get('POLGRAD_PROBE'), 'torch': 'torch' in sys.modules, "
+        "'line': sys.stdin.readline(), 'main': sorted(vars(sys.modules['__main__']))}))"
+    )
+    proc = _launch(report, **kw)
+    out, err = proc.communicate("a line for stdin\n", timeout=60)
+    assert proc.returncode == 0, err
+    return {**json.loads(out), "launcher": proc.pid}
+
+
+def test_a_fork_gets_the_launchers_streams_environment_directory_and_path(
+    tmp_path: Path,
+) -> None:
+    facts = _facts(env={"POLGRAD_PROBE": "seen", "PYTHONPATH": "/nowhere"}, cwd=tmp_path)
+    assert facts["pid"] != facts["launcher"]  # forked, not exec'd
+    assert facts["torch"]  # the point: imported before the fork
+    assert facts["var"] == "seen"
+    assert facts["cwd"] == str(tmp_path)
+    assert facts["path"] == ["", "/nowhere"]  # as `python -c` with PYTHONPATH has it
+    assert facts["line"] == "a line for stdin\n"
+    assert "_serve" not in facts["main"]  # a fresh __main__, not the zygote's
+
+
+def test_what_a_fork_cannot_honour_runs_the_real_interpreter(tmp_path: Path) -> None:
+    facts = _facts(env={"PYTHONHASHSEED": "7"}, cwd=tmp_path)
+    assert facts["pid"] == facts["launcher"]  # exec'd in place
+    assert not facts["torch"]
+    assert facts["cwd"] == str(tmp_path)
+
+
+def test_exit_statuses_and_signals_are_the_workers() -> None:
+    crashed = _launch("import os; os._exit(3)")
+    assert crashed.wait(timeout=60) == 3
+    killed = _launch("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")
+    assert killed.wait(timeout=60) == -signal.SIGTERM
+    raised = _launch("raise ValueError('broken')")
+    _, err = raised.communicate(timeout=60)
+    assert raised.returncode == 1 and "ValueError: broken" in err
+
+
+def test_a_signal_to_the_launcher_reaches_the_worker() -> None:
+    handler = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('terminated'), sys.exit(5)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = _launch(handler)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 5 and out == "terminated\n"
+
+
+def test_a_launcher_killed_outright_takes_its_worker_along() -> None:
+    proc = _launch("import os, time; print(os.getpid(), flush=True); time.sleep(60)")
+    assert proc.stdout is not None
+    worker = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+PROBE = """
+import json, os
+
+import pytest
+
+
+@pytest.mark.parametrize("k", range(8))
+def test_probe(k):
+    facts = {"hash": hash("polgrad"), "var": os.environ.get("POLGRAD_PROBE"),
+             "ppid": os.getppid()}
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    with open(os.path.join(os.environ["POLGRAD_OUT"], worker + ".json"), "w") as f:
+        json.dump(facts, f)
+"""
+
+
+def test_two_workers_of_an_inner_session_are_forked_and_hash_differently(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(test_probe=PROBE)
+    env = {"POLGRAD_PROBE": "seen", "POLGRAD_OUT": str(tmp_path)}
+    inline_run.run(pytester, "-n", "2", "-p", "no:cacheprovider", env=env).assert_outcomes(passed=8)
+    facts = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("gw*.json")}
+    assert sorted(facts) == ["gw0", "gw1"]
+    assert all(f["var"] == "seen" for f in facts.values())
+    assert all(f["ppid"] != os.getpid() for f in facts.values())  # a keeper's, not execnet's
+    seeds = [_hash_under(_seed_of(pid)) for pid in forked_workers.zygote_pids()]
+    assert len(set(seeds)) == 2  # the zygotes hash differently, and alternate workers
+    assert sorted(str(f["hash"]) for f in facts.values()) == sorted(seeds)
+
+
+def _hash_under(seed: str) -> str:
+    command = [sys.executable, "-c", "print(hash('polgrad'))"]
+    env = {**os.environ, "PYTHONHASHSEED": seed}
+    return subprocess.run(
+        command, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _seed_of(pid: int) -> str:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next(e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"PYTHONHASHSEED="))
