@@ -27,8 +27,19 @@ def ints(lo: int, hi: int) -> st.SearchStrategy[int]:
 
 def choice(options: tuple[Hashable, ...]) -> st.SearchStrategy[Any]:
     """``st.sampled_from(options)``, cached; shrinks toward ``options[0]``. The key carries
-    the options' types: ``(1, 2)`` and ``(1.0, 2.0)`` are equal tuples, not equal options."""
-    return _choice(options, tuple(type(o) for o in options))
+    the options' types: ``(1, 2)`` and ``(1.0, 2.0)`` are equal tuples, not equal options.
+    The same tuple object (a constant, or an ``lru_cache``'s result) is looked up by
+    identity first; the entry holds the tuple, so its id is not reused meanwhile."""
+    hit = _BY_IDENTITY.get(id(options))
+    if hit is not None and hit[0] is options:
+        return hit[1]
+    found = _choice(options, tuple(type(o) for o in options))
+    if len(_BY_IDENTITY) < 4096:
+        _BY_IDENTITY[id(options)] = (options, found)
+    return found
+
+
+_BY_IDENTITY: dict[int, tuple[tuple[Hashable, ...], st.SearchStrategy[Any]]] = {}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -255,15 +255,23 @@ def _aim_columns(
 ) -> None:
     """Every ``stride``-th column gets the log-ratio of the next aim, in place: two
     broadcast ops, no extra random numbers."""
-    width = gap.shape[1]
+    keep, centre = _column_pattern(gap.shape[1], stride, aims, gap.dtype)
+    gap.mul_(keep).add_(centre)
+
+
+@functools.lru_cache(maxsize=512)
+def _column_pattern(
+    width: int, stride: int, aims: tuple[tuple[float, int, float], ...], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(keep, centre)`` of :func:`_aim_columns` for one width (shared, never written)."""
     count = len(range(0, width, stride))
     cycle = _aim_logs(aims)
-    logs = cycle.repeat(-(-count // cycle.numel()))[:count].to(gap.dtype)
-    keep = torch.ones(width, dtype=gap.dtype)
+    logs = cycle.repeat(-(-count // cycle.numel()))[:count].to(dtype)
+    keep = torch.ones(width, dtype=dtype)
     keep[::stride] = 0.0
-    centre = torch.zeros(width, dtype=gap.dtype)
+    centre = torch.zeros(width, dtype=dtype)
     centre[::stride] = logs
-    gap.mul_(keep).add_(centre)
+    return keep, centre
 
 
 @functools.lru_cache(maxsize=256)

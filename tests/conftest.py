@@ -25,6 +25,15 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
     torch.set_num_threads(1)
 
 
+def pytest_collection_finish(session):  # type: ignore[no-untyped-def]
+    """Freeze what collection left (torch, the kit, the items: alive for the whole session)
+    out of the cyclic garbage collector: each of its full passes would otherwise walk
+    about 300 000 objects, 0.15 s, whatever a test allocated."""
+    import gc
+
+    gc.freeze()
+
+
 _COMMON = {
     "deadline": None,
     "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],

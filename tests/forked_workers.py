@@ -192,7 +192,11 @@ def _launch(address: str, args: list[str]) -> None:
 
 def _serve(address: str, lifeline: int) -> None:
     """Import torch, then fork a keeper per connection until the lifeline closes."""
+    import gc
+
     import torch  # noqa: F401  (the point of the zygote)
+
+    gc.freeze()  # torch's objects: out of every fork's garbage collections (and unshared)
 
     base_path = sys.path[1:]  # the venv's: stdlib, site-packages, editable installs
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
