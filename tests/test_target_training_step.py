@@ -347,3 +347,34 @@ def test_a_step_without_logprobs_is_a_verdict() -> None:
     opts = ConformanceOptions("dapo", kind="training_step")
     with pytest.raises(Verdict, match="has no 'logprobs' parameter"):
         kind.context(lambda log_probs, response_mask: 0, "f", kind.resolve(opts), opts)
+
+
+def _upcast(fn):  # type: ignore[no-untyped-def]
+    """``fn`` computing in float32 on bfloat16 inputs (as verl and TRL do), same signature."""
+    import inspect
+
+    def step(**kw):  # type: ignore[no-untyped-def]
+        return fn(**{k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                     for k, v in kw.items()})  # fmt: skip
+
+    step.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    return step
+
+
+def scaled_2_percent_step(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                          world_size):  # fmt: skip
+    """A 2% scale error: within bfloat16's rounding, not within float32's."""
+    return token_mean_step(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                           world_size) * 1.02  # fmt: skip
+
+
+@pytest.mark.parametrize("check", SPLIT_CHECKS)
+def test_a_bfloat16_fed_step_that_upcasts_is_judged_at_float32_with_strict(check) -> None:
+    """As for the policy loss (docs/tolerance.md, "Which precision"): strict judges a step fed
+    bfloat16 at float32, where a 2% error shows; by default it passes within bfloat16's
+    rounding. The correct step passes both ways (720 hand runs at default sizes: 0 alarms)."""
+    for strict in (False, True):
+        good = _run(_upcast(token_mean_step), check, dtype="bfloat16", strict=strict)
+        assert good.passed, good.report
+    assert _run(_upcast(scaled_2_percent_step), check, dtype="bfloat16").passed
+    assert not _run(_upcast(scaled_2_percent_step), check, dtype="bfloat16", strict=True).passed
