@@ -13,7 +13,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -374,14 +374,21 @@ def _golden_item(collector: pytest.Module | pytest.Class, target: Target) -> pyt
     return item
 
 
+_INVALID = pytest.StashKey[list[str]]()
+"""A collector's marked objects whose marker cannot work, one message each."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(
     collector: pytest.Module | pytest.Class, name: str, obj: object
 ) -> list[pytest.Item] | None:
     try:
         found = targets(collector, name, obj)
-    except MarkerError as exc:
-        raise collector.CollectError(f"{name}: invalid @pytest.mark.{MARKER}: {exc}") from exc
+    except MarkerError as exc:  # collected on, so every such object of the file is named
+        collector.stash.setdefault(_INVALID, []).append(
+            f"{name}: invalid @pytest.mark.{MARKER}: {exc}"
+        )
+        return []
     if found is None:
         return None
     items: list[pytest.Item] = []
@@ -399,6 +406,21 @@ def pytest_pycollect_makeitem(
                 item.add_marker(getattr(pytest.mark, mark.name)(*mark.args, **mark.kwargs))
             items.append(item)
     return items
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    """A file (or class) with invalid markers is one collection error that names each of
+    them, as pytest reports a file that does not import."""
+    report = yield
+    invalid = collector.stash.get(_INVALID, [])
+    if invalid and report.passed:
+        report = pytest.CollectReport(
+            collector.nodeid, "failed", "\n".join(invalid), [], sections=report.sections
+        )
+    return report
 
 
 # --------------------------------------------------------------------------- reports

@@ -222,6 +222,36 @@ def test_invalid_marker_is_a_clear_collection_error(pytester: pytest.Pytester) -
     result.stdout.fnmatch_lines(["*unknown algorithm 'grpo2' (did you mean 'grpo'?); known: *"])
 
 
+def test_every_invalid_marker_of_a_file_is_named_in_its_one_collection_error(
+    pytester: pytest.Pytester,
+) -> None:
+    """Not only the first: a user fixing signatures sees them all in one run."""
+    pytester.makepyfile(
+        "import pytest\n\n"
+        "@pytest.mark.polgrad_conforms('dapo')\n"
+        "def one(logprobs, old_logprobs, advantages, response_mask, rollout_logprobs):\n"
+        "    return logprobs.sum()\n\n"
+        "@pytest.mark.polgrad_conforms('dapo')\n"
+        "def two(old_logprobs, advantages, response_mask):\n"
+        "    return old_logprobs.sum()\n\n"
+        "@pytest.mark.polgrad_conforms('dapo', checks=['value'])\n"
+        "def fine(logprobs, old_logprobs, advantages, response_mask):\n"
+        "    return logprobs.sum()\n"
+    )
+    for workers in ((), ("-n", "2")):
+        result = inline_run.run(pytester, "-p", "no:cacheprovider", *workers, cold=True)
+        # serially pytest stops at a collection error; xdist's controller reports it
+        stopped = pytest.ExitCode.INTERRUPTED if not workers else pytest.ExitCode.TESTS_FAILED
+        assert result.ret == stopped, result.stdout.str()
+        result.assert_outcomes(errors=1)
+        result.stdout.fnmatch_lines(
+            [
+                "one: invalid @pytest.mark.polgrad_conforms: *'rollout_logprobs'*",
+                "two: invalid @pytest.mark.polgrad_conforms: *no 'logprobs' parameter*",
+            ]
+        )
+
+
 def test_fixtures(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         "import torch\n\n"
