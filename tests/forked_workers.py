@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -107,6 +108,8 @@ def _zygotes() -> list[_Zygote]:
 def _stop_all() -> None:
     for zygote in _started:
         zygote.stop()
+    if _started:
+        shutil.rmtree(os.path.dirname(_started[0].address), ignore_errors=True)
 
 
 def zygote_pids() -> list[int]:
@@ -209,9 +212,12 @@ def _serve(address: str, lifeline: int) -> None:
         for pid in list(keepers):  # reaped, so their CPU time counts as this process's
             if os.waitpid(pid, os.WNOHANG)[0]:
                 keepers.discard(pid)
-        if lifeline in readable:
+        if lifeline in readable:  # the test process is gone (or stops it): leave no trace
             for pid in keepers:
                 os.waitpid(pid, 0)
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+                os.rmdir(os.path.dirname(address))  # the last zygote to leave
             os._exit(0)
         if listener.fileno() in readable:
             conn, _ = listener.accept()
