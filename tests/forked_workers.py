@@ -52,6 +52,16 @@ __all__ = ["forking", "zygote_pids"]
 _KEPT = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
 """``PYTHON*`` variables a fork honours (the rest must match the zygote's start)."""
 
+_STARTUP = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "CUDA_", "LC_", "LANG", "TZ")
+"""Prefixes of variables torch, its libraries or the C library read when torch is imported
+(``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES``, the locale): a request whose values differ
+from the zygote's gets a fresh interpreter."""
+
+
+def _startup(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP)}
+
+
 _ZYGOTES = 2
 
 
@@ -73,6 +83,7 @@ class _Zygote:
             stdout=subprocess.DEVNULL,
             env=env,
             pass_fds=(read,),
+            start_new_session=True,  # a terminal's Ctrl-C reaches workers through launchers
         )
         os.close(read)
 
@@ -149,28 +160,32 @@ def forking() -> Iterator[None]:
 def _launch(address: str, args: list[str]) -> None:
     """Hand this process's streams to the zygote and exit as its worker does; ``exec`` the
     real interpreter when the zygote cannot serve (not reachable, or it says so)."""
-    worker = [0]
+    started = [False]
     pending: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
-        if not worker[0]:
-            pending.append(signum)  # before the worker's pid is known
+        if not started[0]:
+            pending.append(signum)  # before the worker exists
             return
-        with contextlib.suppress(OSError):
-            os.kill(worker[0], signum)
+        with contextlib.suppress(OSError):  # the keeper signals it (by pidfd: no stale pid)
+            conn.sendall(f"{signum}\n".encode())
 
     forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     for signum in forwarded:
         signal.signal(signum, forward)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    reader = conn.makefile("r")
     try:
         conn.connect(address)
         request = {"args": args, "env": dict(os.environ), "cwd": os.getcwd()}
         socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
-        reader = conn.makefile("r")
-        first = json.loads(reader.readline())
-    except (OSError, ValueError):
+    except OSError:  # nothing was forked: the real interpreter serves
         first = {"fallback": "the zygote is not reachable"}
+    else:
+        try:
+            first = json.loads(reader.readline())
+        except (OSError, ValueError):  # the keeper is gone, maybe after its worker began
+            sys.exit(1)  # as a worker that crashed (running the bootstrap again could not)
     if "fallback" in first:
         conn.close()
         for signum in forwarded:
@@ -178,11 +193,11 @@ def _launch(address: str, args: list[str]) -> None:
         for early in pending:
             os.kill(os.getpid(), early)
         os.execv(sys.executable, [sys.executable, *args])
-    worker[0] = int(first["pid"])
+    started[0] = True
     for early in pending:
         forward(early, None)
     line = reader.readline()
-    status = json.loads(line)["status"] if line else 1
+    status = json.loads(line)["status"] if line else 1 << 8  # a keeper that died: exit 1
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         signal.signal(sig, signal.SIG_DFL)
@@ -202,6 +217,7 @@ def _serve(address: str, lifeline: int) -> None:
     gc.freeze()  # torch's objects: out of every fork's garbage collections (and unshared)
 
     base_path = sys.path[1:]  # the venv's: stdlib, site-packages, editable installs
+    start = _startup(dict(os.environ))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address + ".tmp")
     listener.listen(16)
@@ -225,22 +241,25 @@ def _serve(address: str, lifeline: int) -> None:
             if pid == 0:
                 listener.close()
                 os.close(lifeline)
-                _keep(conn, base_path)
+                _keep(conn, base_path, start)
             keepers.add(pid)
             conn.close()
 
 
-def _refusal(request: dict[str, Any]) -> str:
+def _refusal(request: dict[str, Any], start: dict[str, str]) -> str:
     """Why a fork cannot stand in for ``python ARGS`` with this request ('' if it can):
-    the zygote started with no ``PYTHON*`` variable but its own hash seed."""
+    the zygote started with no ``PYTHON*`` variable but its own hash seed, and with the
+    :data:`_STARTUP` variables ``start``."""
     args = [a for a in request["args"] if a not in ("-u", "-B")]
     if len(args) != 2 or args[0] != "-c":
         return f"interpreter options {request['args'][:-1]}"
     fixed = sorted(k for k in request["env"] if k.startswith("PYTHON") and k not in _KEPT)
+    differ = set(_startup(request["env"]).items()) ^ set(start.items())
+    fixed += sorted({name for name, _ in differ})
     return f"startup variables {fixed}" if fixed else ""
 
 
-def _keep(conn: socket.socket, base_path: list[str]) -> None:
+def _keep(conn: socket.socket, base_path: list[str], start: dict[str, str]) -> None:
     """The keeper: fork the worker, report its pid and then its status; kill it when the
     launcher goes away first (or anything else goes wrong here)."""
     pid = 0
@@ -252,14 +271,15 @@ def _keep(conn: socket.socket, base_path: list[str]) -> None:
                 os._exit(1)
             message += more
         request = json.loads(message)
-        why = _refusal(request)
+        why = _refusal(request, start)
         if why:
             conn.sendall(json.dumps({"fallback": why}).encode() + b"\n")
             os._exit(0)
+        keeper = os.getpid()
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _become_worker(request, fds, base_path)
+            _become_worker(request, fds, base_path, keeper)
         for fd in fds:
             os.close(fd)
         exited = os.pidfd_open(pid)
@@ -271,8 +291,11 @@ def _keep(conn: socket.socket, base_path: list[str]) -> None:
                 pid = 0
                 conn.sendall(json.dumps({"status": status}).encode() + b"\n")
                 os._exit(0)
-            if not conn.recv(1):  # end of file: the launcher is gone
+            forwarded = conn.recv(64)  # signal numbers, one per line, from the launcher
+            if not forwarded:  # end of file: the launcher is gone
                 break
+            for signum in forwarded.split():
+                signal.pidfd_send_signal(exited, int(signum))
     except BaseException:  # incl. a reset connection; a keeper never returns to the zygote
         pass
     if pid:
@@ -282,8 +305,16 @@ def _keep(conn: socket.socket, base_path: list[str]) -> None:
     os._exit(1)
 
 
-def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]) -> None:
-    """Take the launcher's streams, environment, directory and path; run its ``-c``."""
+def _become_worker(
+    request: dict[str, Any], fds: list[int], base_path: list[str], keeper: int
+) -> None:
+    """Take the launcher's streams, environment, directory and path; run its ``-c`` and
+    end as ``python -c`` does."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the keeper
+    if os.getppid() != keeper:  # the keeper died before prctl
+        os._exit(1)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -296,24 +327,43 @@ def _become_worker(request: dict[str, Any], fds: list[int], base_path: list[str]
         os.environ.get("PYTHONDONTWRITEBYTECODE")
     )
     sys.argv = ["-c"]
+    if "multiprocessing" in sys.modules:  # its own key, as a fresh process draws one
+        sys.modules["multiprocessing"].current_process().authkey = os.urandom(32)
     main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
-    code = 0
-    try:
-        exec(compile(request["args"][-1], "<string>", "exec"), main.__dict__)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # as an interpreter would: print it, exit 1
-        import traceback
+    os._exit(_run(compile(request["args"][-1], "<string>", "exec"), main.__dict__))
 
-        traceback.print_exc()
-        code = 1
+
+def _run(code: types.CodeType, namespace: dict[str, Any]) -> int:
+    """Run ``code`` and shut down as the interpreter does: the exit status of
+    ``SystemExit`` (a message printed to stderr), ``sys.excepthook`` for an uncaught
+    exception (status 1; KeyboardInterrupt ends the process by SIGINT), then non-daemon
+    threads joined, atexit handlers, flushed streams."""
+    status, interrupted = 0, False
+    try:
+        exec(code, namespace)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            status = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            status = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        status = 1
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
     with contextlib.suppress(BaseException):
         atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
-    os._exit(code)
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return status
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """tests/forked_workers.py: a forked xdist worker stands in for a fresh interpreter.
 
 The launcher is run here as execnet runs it (``LAUNCHER -u -c CODE``, streams as pipes),
-and an inner ``-n 2`` session compares forked workers with fresh ones.
+each property against what a fresh ``python -u -c CODE`` does; an inner ``-n 2`` session
+shows its workers forked and hashing differently.
 """
 
 from __future__ import annotations
@@ -82,6 +83,51 @@ def test_exit_statuses_and_signals_are_the_workers() -> None:
     raised = _launch("raise ValueError('broken')")
     _, err = raised.communicate(timeout=60)
     assert raised.returncode == 1 and "ValueError: broken" in err
+
+
+def test_the_worker_ends_as_python_c_does() -> None:
+    interrupted = _launch("raise KeyboardInterrupt")
+    _, err = interrupted.communicate(timeout=60)
+    assert interrupted.returncode == -signal.SIGINT and "KeyboardInterrupt" in err
+    message = _launch("import sys; sys.exit('a message')")
+    _, err = message.communicate(timeout=60)
+    assert message.returncode == 1 and err == "a message\n"
+    threaded = _launch(
+        "import threading, time\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('joined'))).start()\n"
+    )
+    out, _ = threaded.communicate(timeout=60)
+    assert threaded.returncode == 0 and out == "joined\n"
+
+
+def test_each_worker_draws_its_own_multiprocessing_key() -> None:
+    code = "import multiprocessing; print(multiprocessing.current_process().authkey.hex())"
+    keys = {_launch(code).communicate(timeout=60)[0] for _ in range(2)}
+    assert len(keys) == 2
+
+
+def test_a_startup_variable_other_than_the_zygotes_gets_a_fresh_interpreter() -> None:
+    facts = _facts(env={"OMP_NUM_THREADS": "3"})
+    assert facts["pid"] == facts["launcher"]  # torch reads it when imported: exec'd
+
+
+def test_zygotes_are_out_of_reach_of_a_terminals_ctrl_c() -> None:
+    """Their own session: a Ctrl-C reaches a worker only through its launcher."""
+    assert all(os.getsid(pid) != os.getsid(0) for pid in forked_workers.zygote_pids())
+
+
+def test_a_keeper_that_dies_takes_its_worker_along_and_the_launcher_exits_1() -> None:
+    # the pause: the launcher has its worker's pid (the status path) before the keeper goes
+    code = "import os, time; time.sleep(0.3); print(os.getpid(), os.getppid(), flush=True)"
+    proc = _launch(code + "; time.sleep(60)")
+    assert proc.stdout is not None
+    worker, keeper = map(int, proc.stdout.readline().split())
+    os.kill(keeper, signal.SIGKILL)
+    assert proc.wait(timeout=60) == 1
+    deadline = time.monotonic() + 30
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(worker)
 
 
 def test_a_signal_to_the_launcher_reaches_the_worker() -> None:
