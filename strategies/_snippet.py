@@ -8,8 +8,10 @@ names ``nan`` and ``inf``, which a snippet defines when it needs them.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
+import textwrap
 from collections.abc import Callable, Iterable
 
 import torch
@@ -17,6 +19,8 @@ import torch
 __all__ = ["format_float", "snippet", "tensor_literal"]
 
 _WIDTH = 100
+_LONG = 400
+_RUN = 8
 
 
 def _round_f32(x: float) -> float:
@@ -62,11 +66,30 @@ def format_float(value: float, dtype: torch.dtype = torch.float64) -> str:
     return repr(float(text))
 
 
+def _row(t: torch.Tensor, fmt: Callable[[object], str]) -> str:
+    """A 1-D tensor as a list expression; a value repeated ``_RUN`` or more times in a row
+    is written ``[v] * n`` (a response mask, constant padding), joined with ``+``."""
+    parts: list[str] = []
+    plain: list[str] = []
+    for text, group in itertools.groupby(fmt(v) for v in t.tolist()):
+        n = sum(1 for _ in group)
+        if n < _RUN:
+            plain += [text] * n
+            continue
+        if plain:
+            parts.append("[" + ", ".join(plain) + "]")
+            plain = []
+        parts.append(f"[{text}] * {n}")
+    if plain or not parts:
+        parts.append("[" + ", ".join(plain) + "]")
+    return " + ".join(parts)
+
+
 def _nested(t: torch.Tensor, fmt: Callable[[object], str]) -> str:
     if t.dim() == 0:
         return fmt(t.item())
     if t.dim() == 1:
-        return "[" + ", ".join(fmt(v) for v in t.tolist()) + "]"
+        return _row(t, fmt)
     return "[" + ", ".join(_nested(row, fmt) for row in t) + "]"
 
 
@@ -78,20 +101,42 @@ def _formatter(dtype: torch.dtype) -> Callable[[object], str]:
     return lambda v: str(int(v))  # type: ignore[call-overload]
 
 
-def _wrap_rows(body: str, indent: str) -> str:
-    """Put each row of a 2-D literal on its own line."""
-    rows = body[1:-1].split("], [")
-    lines = [f"{indent}    [{row.strip('[]')}]," for row in rows]
-    return "[\n" + "\n".join(lines) + f"\n{indent}]"
+def _wrap(text: str, indent: str) -> list[str]:
+    """``text`` in lines of at most ``_WIDTH`` characters, each starting with ``indent``,
+    broken only at its spaces (between values, around ``+`` and ``*``): inside brackets,
+    Python reads the lines as one expression."""
+    return textwrap.wrap(
+        text,
+        _WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent + " ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def tensor_literal(t: torch.Tensor, indent: str = "") -> str:
-    """``torch.tensor(<nested list>, dtype=torch.<dtype>)`` reproducing ``t`` exactly."""
-    body = _nested(t.detach().cpu(), _formatter(t.dtype))
+    """``torch.tensor(<nested list>, dtype=torch.<dtype>)`` reproducing ``t`` exactly.
+
+    A 2-D tensor with several rows and a long literal puts each row on its own line; a
+    row (or any other literal) longer than ``_LONG`` characters spans lines of at most
+    ``_WIDTH`` (a realistic-size batch's rows hold thousands of values)."""
+    t = t.detach().cpu()
+    fmt = _formatter(t.dtype)
     dtype = str(t.dtype)
-    if t.dim() == 2 and t.shape[0] > 1 and len(body) + len(indent) > _WIDTH - 40:
-        return f"torch.tensor({_wrap_rows(body, indent)}, dtype={dtype})"
-    return f"torch.tensor({body}, dtype={dtype})"
+    body = _nested(t, fmt)
+    rows = t.dim() == 2 and t.shape[0] > 1
+    if len(body) + len(indent) <= _WIDTH - 40 or (not rows and len(body) <= _LONG):
+        return f"torch.tensor({body}, dtype={dtype})"
+    inner = indent + "    "
+    if rows:
+        lines = []
+        for row in t:
+            text = _row(row, fmt) + ","
+            lines += _wrap(text, inner) if len(text) > _LONG else [inner + text]
+        return "torch.tensor([\n" + "\n".join(lines) + f"\n{indent}], dtype={dtype})"
+    lines = _wrap(body + ",", inner)
+    return "torch.tensor(\n" + "\n".join(lines) + f"\n{inner}dtype={dtype},\n{indent})"
 
 
 def snippet(named: Iterable[tuple[str, torch.Tensor]], *, comment: str = "") -> str:

@@ -204,7 +204,8 @@ def test_a_corpus_failure_is_reduced_by_the_kits_shrinker() -> None:
     )
     assert not result.passed
     line = next(ln for ln in result.report.splitlines() if ln.strip().startswith("batch"))
-    # the dual clip shows on the clip-boundaries row with A = -2 and ratios 2.9, 3.1, ...
-    assert "B=1, T=2" in line and "canonical corpus batch 'clip-boundaries'" in line, line
+    # the dual clip shows on the clip-boundaries row with A = -2 and ratios 2.9, 3.1, ...:
+    # one token past the dual clip is left (truncation keeps two, deleting the first one)
+    assert "B=1, T=1" in line and "canonical corpus batch 'clip-boundaries'" in line, line
     assert "reduced by the kit's shrinker" in line
     assert result.examples > 1  # the corpus batch, then the shrinker's calls

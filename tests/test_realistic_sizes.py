@@ -8,6 +8,7 @@ below need: every one of them passes every check on batches of the search sizes.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -108,6 +109,22 @@ def test_realistic_failure_is_reduced_to_a_small_batch() -> None:
     line = next(ln for ln in result.report.splitlines() if ln.strip().startswith("batch"))
     rows = int(line.split("B=")[1].split(",")[0])
     assert 9 <= rows <= 16, line  # needs a second chunk of rows, and nothing more
+
+
+def test_a_failure_past_1024_tokens_is_reduced_to_about_1024_columns() -> None:
+    """Truncation alone stops at 3073 columns (3072 are three whole segments, which pass);
+    deleting runs of inner columns gets near the 1025 the mutant needs, and the report's
+    literals stay in short lines."""
+    opts = parse_marker(("grpo",), {})
+    result = run_check(
+        build_context(grpo_segment_means, opts), "gradient", max_examples=100, base_seed=0
+    )
+    assert not result.passed
+    line = next(ln for ln in result.report.splitlines() if ln.strip().startswith("batch"))
+    width = int(line.split("T=")[1].split(",")[0])
+    assert 1025 <= width <= 1024 + 4096 // 64, line
+    values = [ln for ln in result.report.splitlines() if re.fullmatch(r"[\s\[\]0-9.e,+*-]+", ln)]
+    assert len(values) > 10 and max(map(len, values)) <= 104  # the snippet, indented by 4
 
 
 def _extras(**options: Any) -> list[Any]:

@@ -404,60 +404,90 @@ def _holes(rng: random.Random, extents: tuple[int, ...]) -> tuple[tuple[int, int
 # ---- the kit's own shrinker -------------------------------------------------------------
 
 
-def _subset(batch: Batch, rows: list[int], width: int) -> Batch | None:
-    """Rows ``rows`` of ``batch``, truncated to ``width`` columns (None if a row would
-    keep no response token)."""
+def _subset(batch: Batch, rows: list[int], cols: int | list[int]) -> Batch | None:
+    """Rows ``rows`` of ``batch`` with its first ``cols`` columns, or the columns listed
+    (None if a row would keep no response token)."""
     kw = batch.as_kwargs()
     index = torch.tensor(rows, dtype=torch.int64)  # index_select: indexing with a list of
-    mask = kw["response_mask"].index_select(0, index)[:, :width]  # rows costs ~1000x more
+    keep = torch.tensor(cols, dtype=torch.int64) if isinstance(cols, list) else None
+
+    def take(t: torch.Tensor) -> torch.Tensor:  # rows costs ~1000x more
+        t = t.index_select(0, index)
+        return t[:, :cols] if keep is None else t.index_select(1, keep)
+
+    mask = take(kw["response_mask"])
     if not bool(mask.any(dim=1).all()):
         return None
     out: dict[str, Any] = {}
     for name, t in kw.items():
         if t.dim() == 2:
-            out[name] = t.index_select(0, index)[:, :width].clone()
+            out[name] = take(t).clone()
         elif t.dim() == 1 and t.shape[0] == batch.batch_size:
             out[name] = t.index_select(0, index)
     return Batch(**out)
 
 
+def _drop_chunks(
+    items: list[int], attempt: Callable[[list[int]], bool], spent: Callable[[], bool], floor: int
+) -> list[int]:
+    """Greedily delete runs of ``items`` while ``attempt`` (on what is left) holds: halves
+    first, then runs half as long whenever a pass deletes nothing, down to ``floor``."""
+    chunk = max(1, len(items) // 2)
+    while not spent():
+        i, progressed = 0, False
+        while i < len(items) and len(items) > 1:
+            trial = items[:i] + items[i + chunk :]
+            if trial and attempt(trial):
+                items, progressed = trial, True
+            else:
+                i += chunk
+        if chunk <= floor and not progressed:
+            break
+        chunk = max(floor, chunk // 2) if not progressed else chunk
+    return items
+
+
 def shrink_rows_and_columns(inputs: Any, fails: Callable[[Any], bool], *, budget: int = 120) -> Any:
-    """Greedily drop rows (halves, then smaller chunks) and truncate columns (bisection)
-    while ``fails`` still holds; at most ``budget`` calls. Values are kept, not redrawn, so
-    a failure that needs a particular value survives. Right-padded batches only."""
+    """Greedily drop rows (halves, then smaller runs), truncate columns (bisection), then
+    delete runs of inner columns (down to 1/64 of the width: a failure that needs a row
+    past some length but not the columns before it) while ``fails`` still holds; at most
+    ``budget`` calls. Values are kept, not redrawn, so a failure that needs a particular
+    value survives. Right-padded batches only."""
     if not isinstance(inputs, Batch) or inputs.layout != "right":
         return inputs
     calls = [0]
+    found: list[Batch] = [inputs]
 
     def still(candidate: Batch | None) -> bool:
         if candidate is None or calls[0] >= budget:
             return False
         calls[0] += 1
-        return fails(candidate)
+        if fails(candidate):
+            found[0] = candidate
+            return True
+        return False
 
-    best = inputs
-    rows = list(range(best.batch_size))
-    chunk = max(1, len(rows) // 2)
-    while calls[0] < budget:
-        i, progressed = 0, False
-        while i < len(rows) and len(rows) > 1:
-            trial = rows[:i] + rows[i + chunk :]
-            candidate = _subset(inputs, trial, inputs.width) if trial else None
-            if still(candidate):
-                assert candidate is not None
-                rows, best, progressed = trial, candidate, True
-            else:
-                i += chunk
-        if chunk == 1 and not progressed:
-            break
-        chunk = max(1, chunk // 2) if not progressed else chunk
-    lo, hi = 1, best.width  # the smallest width that still fails, by bisection
-    while lo < hi and calls[0] < budget:
+    def spent() -> bool:
+        return calls[0] >= budget
+
+    rows = _drop_chunks(
+        list(range(inputs.batch_size)),
+        lambda trial: still(_subset(inputs, trial, inputs.width)),
+        spent,
+        floor=1,
+    )
+    lo, hi = 1, found[0].width  # the smallest width that still fails, by bisection
+    while lo < hi and not spent():
         mid = (lo + hi) // 2
-        candidate = _subset(best, list(range(best.batch_size)), mid)
-        if still(candidate):
-            assert candidate is not None
-            best, hi = candidate, mid
-        else:
+        if not still(_subset(found[0], list(range(len(rows))), mid)):
             lo = mid + 1
-    return best
+        else:
+            hi = mid
+    narrow = found[0]
+    _drop_chunks(
+        list(range(narrow.width)),
+        lambda trial: still(_subset(narrow, list(range(len(rows))), trial)),
+        spent,
+        floor=max(1, narrow.width // 64),
+    )
+    return found[0]

@@ -96,3 +96,52 @@ def test_float_literals_round_trip_in_every_dtype(value: float, dtype: torch.dty
     t = torch.tensor([value], dtype=dtype)
     rebuilt = eval(tensor_literal(t), {"torch": torch, "nan": math.nan, "inf": math.inf})
     assert bits(rebuilt) == bits(t) or (bool(t.isnan().all()) and bool(rebuilt.isnan().all()))
+
+
+@settings(max_examples=150)
+@given(
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.bool]),
+    st.lists(
+        st.tuples(st.sampled_from([0.0, -0.0, 1.0, -3.5, math.nan, math.inf]), st.integers(1, 12)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(1, 3),
+)
+def test_runs_of_a_repeated_value_rebuild_bit_for_bit(
+    dtype: torch.dtype, runs: list[tuple[float, int]], rows: int
+) -> None:
+    """``[v] * n`` for a run of 8 or more: -0.0 is not 0.0, NaN and inf survive, rows stay rows."""
+    values = [v for v, n in runs for _ in range(n)]
+    t = torch.tensor([values] * rows, dtype=torch.float64).to(dtype)
+    text = tensor_literal(t)
+    if any(n >= 8 for _, n in runs):
+        assert "] * " in text
+    rebuilt = eval(text, {"torch": torch, "nan": math.nan, "inf": math.inf})
+    assert rebuilt.dtype == t.dtype and rebuilt.shape == t.shape
+    if t.is_floating_point():  # a NaN's sign and payload are not kept (``nan``)
+        assert torch.equal(rebuilt.isnan(), t.isnan())
+        t, rebuilt = (torch.where(x.isnan(), 0.0, x) for x in (t, rebuilt))
+    assert bits(rebuilt) == bits(t)
+
+
+def test_a_realistic_size_batch_prints_in_short_lines_and_rebuilds_bit_for_bit() -> None:
+    """Rows of thousands of tokens: no line over 100 characters (the literal once was one
+    line per tensor, 64k characters long), the masks one short line per row."""
+    found = find(
+        batches(min_batch=3, max_batch=3, min_length=1500, max_length=3000, dtype=torch.float32),
+        lambda b: b.logprobs.unique().numel() > 1000,  # random values: no runs to shorten
+        settings=settings(database=None, phases=[Phase.generate]),
+    )
+    code = found.to_snippet()
+    literals = [ln for ln in code.splitlines() if not ln.startswith(("#", "inputs = dict("))]
+    assert max(len(line) for line in literals) <= 100
+    mask_start = code.index("response_mask = ")
+    mask = code[mask_start : code.index("dtype=torch.bool", mask_start)]
+    assert mask.count("\n") <= found.batch_size + 1, mask
+    namespace: dict[str, object] = {}
+    exec(compile(code, "<snippet>", "exec"), namespace)
+    inputs = namespace["inputs"]
+    assert isinstance(inputs, dict)
+    for name, tensor in found.as_kwargs().items():
+        assert bits(inputs[name]) == bits(tensor), name
