@@ -42,6 +42,8 @@ from polgrad_reference import (
     Unstated,
 )
 
+from .clip_fit import SIDES, bracket, intervals, linear, shortest
+from .clip_fit import solve as solve_bounds
 from .corpus import canonical_corpus
 from .divisor import Divisor, divisors_for, row_terms
 from .oracle import Oracle, OracleResult
@@ -221,6 +223,15 @@ def _registry_losses(fut: FunctionUnderTest) -> list[PolicyLossConfig]:
         if _usable(loss, fut):
             out.append(loss)
     return _unique(out)
+
+
+def _with_bounds(cfg: PolicyLossConfig, bounds: Mapping[str, Any]) -> PolicyLossConfig | None:
+    """``cfg`` with the clip bounds named (``eps_low`` / ``eps_high``) set as given."""
+    try:
+        clip: ClipConfig = cfg.clip.replace(**bounds)
+    except PolgradError:
+        return None
+    return _replace(cfg, clip=clip)
 
 
 def _replace(cfg: PolicyLossConfig, **changes: Any) -> PolicyLossConfig | None:
@@ -557,6 +568,78 @@ class _Scorer:
             return None
         return None
 
+    def misplaced_bounds(self, cfg: PolicyLossConfig) -> list[tuple[str, float, float]]:
+        """``(knob, lower, upper)`` for each relative PPO-clip bound of ``cfg`` outside the
+        bracket the function's gradient puts it in (:func:`.clip_fit.bracket`), widened by
+        the kink band: a ratio the function rounds across the bound is not evidence."""
+        if cfg.surrogate is not SurrogateKind.PG_CLIP or cfg.clip.bounds is not ClipBounds.RELATIVE:
+            return []
+        band = self.tolerance.kink_band[0]
+        grads = {name: grad for name, (_, grad) in self.observed.items()}
+        out = []
+        for knob, side in SIDES.items():
+            found = bracket(self.corpus, grads, cfg.ratio, side)
+            bound = getattr(cfg.clip, knob)
+            if found is None or bound is None:
+                continue
+            lower, upper = found
+            if not lower - band * (1.0 + lower) <= bound < upper + band * (1.0 + upper):
+                out.append((knob, lower, upper))
+        return out
+
+    def fitted_clips(self, cfg: PolicyLossConfig) -> list[PolicyLossConfig]:
+        """``cfg`` with its relative clip bounds read off the function (:mod:`.clip_fit`):
+        for PPO-clip, each bound the gradient brackets away from ``cfg``'s; for a CISPO
+        cap, the bound tried between each pair of the corpus's ratios. So a clip range no
+        registry entry uses (``eps_high=0.25``) is named, not missed. Not at half
+        precision, where the losses cannot pin a bound down."""
+        rtol = _SIGN_RTOL.get(self.tolerance.precisions[-1])
+        if rtol is None or cfg.clip.bounds is not ClipBounds.RELATIVE or _placeholder(cfg):
+            return []
+        if cfg.surrogate is SurrogateKind.CISPO and cfg.ratio is RatioKind.TOKEN:
+            found = (self._fit_bounds(cfg, {"eps_high": b}, rtol) for b in intervals(self.corpus))
+            return [c for c in _unique(found) if c.clip != cfg.clip]
+        if cfg.surrogate is not SurrogateKind.PG_CLIP:
+            return []
+        moved = {knob: (lower, upper) for knob, lower, upper in self.misplaced_bounds(cfg)}
+        fitted = self._fit_bounds(cfg, moved, rtol) if moved else None
+        return [] if fitted is None else [fitted]
+
+    def _fit_bounds(
+        self, cfg: PolicyLossConfig, brackets: Mapping[str, tuple[float, float]], rtol: float
+    ) -> PolicyLossConfig | None:
+        """``cfg`` with each clip bound ``knob`` in its bracket ``[lower, upper)`` solved
+        from the observed losses (linear in the bounds there), or None when no such
+        bounds reproduce them."""
+        knobs = list(brackets)
+        points = {k: linear(*brackets[k]) for k in knobs}
+        base = _with_bounds(cfg, {k: p[0] for k, p in points.items()})
+        if base is None:
+            return None
+        moved = [_with_bounds(base, {k: points[k][1]}) for k in knobs]
+        steps = [points[k][1] - points[k][0] for k in knobs]
+        starts = [points[k][0] for k in knobs]
+        rows = []
+        try:
+            for name in self.corpus:
+                at = self.loss(base, name)
+                slopes = [
+                    (self.loss(m, name) - at) / d for m, d in zip(moved, steps, strict=True) if m
+                ]
+                if len(slopes) < len(knobs):
+                    return None
+                offset = at - sum(s * x for s, x in zip(slopes, starts, strict=True))
+                rows.append((self.observed[name][0], offset, slopes))
+        except PolgradError:
+            return None
+        values = solve_bounds(rows, rtol)
+        if values is None:
+            return None
+        bounds = [shortest(v, *brackets[k], rtol) for k, v in zip(knobs, values, strict=True)]
+        if any(b is None for b in bounds):
+            return None
+        return _with_bounds(cfg, dict(zip(knobs, bounds, strict=True)))
+
     # -- candidates
 
     def add(self, m: Match) -> Match:
@@ -740,6 +823,14 @@ def _ranking(
     ranking = sorted(s.fresh([*first, *refined]), key=s.by_rank)
     if any(m.matches for m in ranking):
         return ranking, s
+    # a clip range no candidate has: read it off the function (its gradient brackets each
+    # bound, its losses pin it down), for the reference's semantics and the closest ones
+    sources = _unique([target, *(m.config for m in ranking[:_REFINE])])
+    clips = _unique(c for cfg in sources if _usable(cfg, fut) for c in s.fitted_clips(cfg))
+    if clips:
+        ranking = sorted(s.fresh([*ranking, *s.rank(clips, seen)]), key=s.by_rank)
+        if any(m.matches for m in ranking):
+            return ranking, s
     ranking = s.finish(ranking)
     probes = [_with_aggregation(target, agg) for agg in Aggregation]
     probes += [m.config for m in ranking[:_REFINE]] + _registry_losses(fut)
@@ -1030,6 +1121,9 @@ def explain(
     except Verdict as exc:
         return Explanation(f"not diagnosed ({exc}); {wanted}", "not diagnosed", None)
     full = sorted((m for m in ranking if m.matches), key=lambda m: (_distance(m, target), m.error))
+    misplaced = scorer.misplaced_bounds(target)
+    if misplaced and (not full or _distance(full[0], target) == 0):
+        return _clips_elsewhere(misplaced, target, wanted)
     if full and _distance(full[0], target) == 0:
         # the corpus cannot explain the failure (e.g. at bfloat16 precision every nearby
         # candidate is within tolerance): name the reference, not the lowest-error one
@@ -1096,6 +1190,27 @@ def explain(
         f"no registered semantics matches; the closest is {m.describe()} "
         f"(off by {m.error:.3g}x the tolerance); {wanted}",
         f"no match (closest: {m.describe()}, {m.error:.2g}x tol)",
+        None,
+    )
+
+
+def _clips_elsewhere(
+    misplaced: list[tuple[str, float, float]], target: PolicyLossConfig, wanted: str
+) -> Explanation:
+    """The diagnosis when the gradient's exact zeros put a clip bound elsewhere than the
+    reference's and no candidate matches otherwise (or only the reference itself, within
+    a half-precision tolerance too loose to tell)."""
+    brackets = [f"{knob} in [{lo:.3g}, {hi:.3g})" for knob, lo, hi in misplaced]
+    said = "; ".join(
+        f"{b} (not the reference's {getattr(target.clip, knob):g})"
+        for b, (knob, _, _) in zip(brackets, misplaced, strict=True)
+    )
+    return Explanation(
+        "no registered semantics matches, but on the canonical corpus the function's "
+        "gradient is exactly zero at the tokens a PPO-clip loss with the reference's other "
+        f"choices clips for {said}: the function clips elsewhere (its losses do not pin the "
+        f"bound down at this precision); {wanted}",
+        f"no match (clip range: {', '.join(brackets)})",
         None,
     )
 

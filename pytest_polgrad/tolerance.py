@@ -91,6 +91,15 @@ class Tolerance:
             wider and unit_roundoff(p) < unit_roundoff(self.input_dtype)
         )
 
+    def _floor(self, p: torch.dtype) -> float:
+        """The absolute part of the tolerance at ``p`` (where the scale is positive):
+        ``_K`` subnormal spacings of ``p``, plus one of the inputs' half precision when the
+        result is rounded to it (:meth:`_result_rounding`): below its smallest normal a
+        float16 gradient is a multiple of 6e-8, a bfloat16 one of 9e-41, whatever
+        precision computed it."""
+        floor = _K * UNDERFLOW[p]
+        return floor + UNDERFLOW[self.input_dtype] if self._result_rounding(p) else floor
+
     def _result_rounding(self, p: torch.dtype) -> float:
         """Judged at ``p`` finer than the inputs' half precision: one rounding of the result
         to that precision (a function fed bfloat16 gets its gradient in bfloat16, the
@@ -137,7 +146,7 @@ class Tolerance:
         ratio = math.inf
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            floor = _K * UNDERFLOW[p] if s > 0 else 0.0  # an exact 0 stays exact
+            floor = self._floor(p) if s > 0 else 0.0  # an exact 0 stays exact
             tol = self.factor * unit_roundoff(p) * (_K + math.sqrt(n)) * s + floor
             if rounding := self._result_rounding(p):
                 tol += self.factor * rounding * s
@@ -163,7 +172,7 @@ class Tolerance:
         ratios = torch.zeros_like(diff)
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            floor = torch.where(s > 0, _K * UNDERFLOW[p], 0.0)  # an exact 0 stays exact
+            floor = torch.where(s > 0, self._floor(p), 0.0)  # an exact 0 stays exact
             tol = self.factor * unit_roundoff(p) * _K * s + floor
             if rounding := self._result_rounding(p):
                 tol = tol + self.factor * rounding * s

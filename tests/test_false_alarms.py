@@ -191,3 +191,57 @@ def test_a_note_never_says_passes_on_a_failing_check() -> None:
     )
     passed = run_check(ok, "on-policy", max_examples=20, base_seed=0, diagnose=False)
     assert passed.passed and any("passes by default" in n for n in passed.notes)
+
+
+# ------------------------------------------- a result rounded to a half-precision subnormal
+
+
+@pytest.mark.parametrize(
+    ("dtype", "expected", "rounded"),
+    [
+        # bypass_pg's product ratio of a 944-token row, fed bfloat16, upcast (sweep, seed 101)
+        (torch.bfloat16, -6.499961428556032e-41, -9.183549615799121e-41),
+        # grpo fed float16, upcast: the gradient of a token in a 46 x 96 batch
+        (torch.float16, -1.4920375787303787e-07, -1.7881393432617188e-07),
+    ],
+)
+def test_a_gradient_rounded_to_the_inputs_subnormals_is_not_a_deviation(
+    dtype: torch.dtype, expected: float, rounded: float
+) -> None:
+    """A function fed half precision gets its gradient in that dtype (the leaf's), whatever
+    it computes in: below the smallest normal the gradient is a multiple of the subnormal
+    spacing (9e-41 for bfloat16, 6e-8 for float16), so strict judging at float32 allows one
+    spacing. Ten spacings off is still a deviation."""
+    from pytest_polgrad.tolerance import UNDERFLOW, Tolerance
+
+    assert torch.tensor(expected).to(dtype).item() in (rounded, 0.0, rounded / 2)
+    tol = Tolerance(dtype, strict=True)
+    scale = torch.tensor([abs(expected) * 20.0], dtype=torch.float64)
+    where = torch.tensor([True])
+    exp = torch.tensor([expected], dtype=torch.float64)
+    ok, _ = tol.tensor(torch.tensor([rounded], dtype=dtype), exp, scale, where)
+    assert ok.ok, ok
+    far = torch.tensor([expected - 10 * UNDERFLOW[dtype]], dtype=torch.float64).to(dtype)
+    bad, _ = tol.tensor(far, exp, scale, where)
+    assert not bad.ok
+    assert tol.value(rounded, expected, abs(expected) * 20.0, 1).ok
+    assert not tol.value(float(far), expected, abs(expected) * 20.0, 1).ok
+
+
+def test_the_sweeps_bfloat16_subnormal_false_alarm_passes() -> None:
+    """The false alarm ``bench/false_alarms.py --seeds 101`` found: bypass_pg computed by the
+    reference in float32 from bfloat16 inputs, strict, on a realistic-size batch."""
+    from tests import test_sweep_correct as sweep
+
+    fn = sweep._float32_inside(sweep._reference_function("bypass_pg"))
+    budget = sweep.CORPUS + sweep.POOLED // 3
+    report = assert_conforms(
+        fn,
+        "bypass_pg",
+        max_examples=budget,
+        seed=101,
+        dtype="bfloat16",
+        strict=True,
+        checks=("gradient",),
+    )
+    assert report.ok
