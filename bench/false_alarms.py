@@ -1,12 +1,12 @@
 """Probe: the false-alarm sweep's correct functions at other seeds and sizes, by hand.
 
 CI's sweep (``tests/test_sweep_correct.py``) runs every correct loss of the suite and
-every other registry entry (computed by the reference itself) in five modes (float64,
-float64 strict, float32 inside, float32 and bfloat16 inputs) at seed 0, at the default
-sizes. This script runs the same functions and modes at the seeds you name, at the
-default sizes (realistic-size batches included) or at small ones (4 x 24), and lists every
-run that fails: each one is a false alarm of the kit (the functions are correct) until
-shown otherwise.
+every other registry entry (computed by the reference itself) in the modes of its
+``MODES`` (float64, float64 strict, float32 inside, float32 inputs, bfloat16 and float16
+inputs, each also upcast and strict) at seed 0, at the default sizes. This script runs
+the same functions and modes at the seeds you name, at the default sizes (realistic-size
+batches included) or at small ones (4 x 24), and lists every run that fails: each one is
+a false alarm of the kit (the functions are correct) until shown otherwise.
 
 Run: ``python bench/false_alarms.py --seeds 17 18 [--sizes small] [--pooled 30]``.
 """

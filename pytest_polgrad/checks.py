@@ -476,9 +476,47 @@ def check_deterministic(ctx: Context, batch: Batch) -> float:
     return 0.0
 
 
+def _past_range(ctx: Context, batch: Batch, ev: Evaluation) -> bool:
+    """Whether the inputs' dtype cannot hold what a correct loss computes on ``batch``: the
+    reference's loss, or its gradient wherever the function's is non-finite, lies beyond
+    the dtype's largest value (a float16 result of 1e5 is inf whatever computed it); or,
+    when arithmetic in that dtype is accepted, the reference's per-token terms (policy
+    and KL) sum beyond it (a float16 token-sum overflows). The extreme domain keeps float32
+    and bfloat16 results below 1e34 (3.4e38 is their limit): in practice float16 only."""
+    dtype = ctx.tolerance.input_dtype
+    big = torch.finfo(dtype).max
+    ref = ctx.expected(batch)
+    assert ev.grad is not None
+    bad = ~torch.isfinite(ev.grad)
+    if not bool(torch.isfinite(ev.loss)) and abs(ref.loss) <= big:
+        return dtype in ctx.tolerance.precisions and _term_mass(ctx, batch) > big
+    if bool(bad.any()) and not bool((ref.grad[bad].abs() > big).all()):
+        return dtype in ctx.tolerance.precisions and _term_mass(ctx, batch) > big
+    return True
+
+
+def _term_mass(ctx: Context, batch: Batch) -> float:
+    """``sum_t |l_t| + |kl_t|`` over the response tokens: the largest value a token-sum of
+    the reference's per-token terms reaches."""
+    out = ctx.oracle.reference(batch)
+    mask = out.response_mask
+    mass = torch.where(mask, out.token_loss.abs(), 0.0).sum()
+    if out.kl is not None:
+        mass = mass + torch.where(mask, out.kl.abs(), 0.0).sum()
+    return float(mass)
+
+
 def check_extreme_finite(ctx: Context, batch: Batch) -> float:
     ev = ctx.fut.call(batch)
     assert ev.grad is not None
+    finite = bool(torch.isfinite(ev.loss)) and bool(torch.isfinite(ev.grad).all())
+    if not finite and _past_range(ctx, batch, ev):
+        dtype = str(ctx.tolerance.input_dtype).removeprefix("torch.")
+        ctx.notes.add(
+            f"extreme-domain batches on which a correct loss exceeds {dtype}'s largest value "
+            f"({torch.finfo(ctx.tolerance.input_dtype).max:g}) are not judged for finiteness"
+        )
+        return 0.0
     if not bool(torch.isfinite(ev.loss)):
         raise CheckFailure(
             f"the loss is {float(ev.loss)} on valid extreme-domain input",

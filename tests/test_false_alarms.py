@@ -245,3 +245,38 @@ def test_the_sweeps_bfloat16_subnormal_false_alarm_passes() -> None:
         checks=("gradient",),
     )
     assert report.ok
+
+
+# ------------------------------------------------------- float16's range on extreme batches
+
+
+@pytest.mark.parametrize("upcast", [False, True], ids=["float16-arithmetic", "upcast-strict"])
+def test_float16_extreme_batches_past_its_range_are_not_judged(upcast: bool) -> None:
+    """Extreme-domain batches drive a correct loss's terms past 65504 (|A| |log pi| with
+    log pi down to -1000, exp of a log-ratio up to 50, k3 of a gap of 50): in float16 that
+    is inf, however the loss computes. Not judged there, and said; a loss that makes 0/0
+    of representable values is still flagged."""
+    from tests import test_sweep_correct as sweep
+
+    wrap = sweep._float32_inside if upcast else (lambda f: f)
+    options: dict[str, Any] = {"dtype": "float16", "strict": upcast}
+    notes: list[str] = []
+    for name in ("rloo", "grpo"):
+        result = run_check(
+            build_context(wrap(L.CORRECT[name]), parse_marker((name,), options)),
+            "extreme-finite",
+            max_examples=100,
+            base_seed=0,
+            diagnose=False,
+        )
+        assert result.passed, result.report
+        notes += result.notes
+    assert any("not judged for finiteness" in n for n in notes), notes
+    wrong = run_check(
+        build_context(wrap(L.dapo_ratio_of_probs), parse_marker(("dapo",), options)),
+        "extreme-finite",
+        max_examples=100,
+        base_seed=0,
+        diagnose=False,
+    )
+    assert not wrong.passed

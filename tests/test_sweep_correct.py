@@ -1,8 +1,9 @@
 """The false-alarm sweep (issue 14): every correct loss in the test suite passes every
 check on 30 pooled batches per check at the default sizes (realistic-size batches of up to
 64 rows and 4096 tokens included), computing in float64, in float32 internally, and fed
-float32 and bfloat16 inputs (strict too, where the function's arithmetic is the input
-dtype's, and for bfloat16 inputs computed in float32, which strict judges at float32). A
+float32, bfloat16 and float16 inputs (strict too, where the function's arithmetic is the
+input dtype's, and for half-precision inputs computed in float32, which strict judges at
+float32). A
 false alarm on correct code is as bad as a missed bug.
 
 The budget is in pooled batches and dtypes: the canonical corpus batches every check
@@ -94,6 +95,9 @@ MODES: dict[str, tuple[Callable[[Callable[..., Any]], Callable[..., Any]], dict[
     "bfloat16-inputs": (lambda f: f, {"dtype": "bfloat16"}),
     # fed bfloat16 and computing in float32 (as verl and TRL do): judged at float32
     "bfloat16-upcast-strict": (_float32_inside, {"dtype": "bfloat16", "strict": True}),
+    # float16, whose range (65504) a correct loss exceeds on extreme-domain batches
+    "float16-inputs": (lambda f: f, {"dtype": "float16"}),
+    "float16-upcast-strict": (_float32_inside, {"dtype": "float16", "strict": True}),
 }
 
 
