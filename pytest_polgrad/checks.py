@@ -519,14 +519,14 @@ def check_extreme_finite(ctx: Context, batch: Batch) -> float:
         return 0.0
     if not bool(torch.isfinite(ev.loss)):
         raise CheckFailure(
-            f"the loss is {float(ev.loss)} on valid extreme-domain input",
+            f"the loss is {float(ev.loss)} on a valid input",
             numbers=[("loss", "finite", str(float(ev.loss)))],
         )
     bad = ~torch.isfinite(ev.grad)
     if bool(bad.any()):
         pos = _first_positions(bad)
         raise CheckFailure(
-            f"the gradient is non-finite at {int(bad.sum())} position(s) on valid input",
+            f"the gradient is non-finite at {int(bad.sum())} position(s) on a valid input",
             numbers=[(f"d loss / d logprobs{p}", "finite", str(float(ev.grad[p]))) for p in pos],
         )
     return 0.0

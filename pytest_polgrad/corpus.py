@@ -3,7 +3,8 @@ golden snapshots.
 
 Every value is written here as a literal (log-ratios as logs of literal ratios), so the
 corpus is the same on every machine. Bump ``CORPUS_VERSION`` when any batch changes: the
-snapshot files record it and a mismatch is reported as such, not as a semantic change.
+snapshot files record it (:func:`corpus_version`, per dtype) and a mismatch is reported
+as such, not as a semantic change.
 """
 
 from __future__ import annotations
@@ -13,10 +14,20 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["CORPUS_VERSION", "canonical_corpus"]
+__all__ = ["CORPUS_VERSION", "canonical_corpus", "corpus_version"]
 
 CORPUS_VERSION = 2
+_FLOAT16_VERSION = 3
+"""float16's corpus: its padding garbage a third as large (version 2 put log-ratios of
++/-30 at padding, whose exp is inf in float16, so a correct loss that multiplies by the
+mask returned NaN there: inf * 0). The other dtypes' batches are version 2's."""
 NAN = float("nan")
+
+
+def corpus_version(dtype: torch.dtype) -> int:
+    """The version of the corpus built in ``dtype``, which snapshot files record."""
+    return _FLOAT16_VERSION if dtype is torch.float16 else CORPUS_VERSION
+
 
 # (advantage, lengths-padded row of ratios) per batch; None marks padding.
 _Row = tuple[float, Sequence[float | None]]
@@ -70,7 +81,7 @@ _ROLLOUT_RHO: dict[str, tuple[Sequence[float | None], ...]] = {
 
 
 def _batch(
-    name: str, rows: tuple[_Row, ...], index: int, advantages: str
+    name: str, rows: tuple[_Row, ...], index: int, advantages: str, garbage_scale: float
 ) -> dict[str, torch.Tensor]:
     width = len(rows[0][1])
     mask = torch.tensor([[r is not None for r in row] for _, row in rows])
@@ -87,7 +98,7 @@ def _batch(
     garbage = torch.tensor(
         [[(-1.0) ** (i + j) * (3.0 + i + j) for j in range(width)] for i in range(b)],
         dtype=torch.float64,
-    )
+    ).mul_(garbage_scale)
     adv_rows = torch.tensor([a for a, _ in rows], dtype=torch.float64)
     if advantages == "token":
         col = torch.arange(width, dtype=torch.float64)
@@ -121,10 +132,13 @@ def canonical_corpus(
     """The corpus batches by name, ``[B, T]`` right-padded, finite garbage at padding.
 
     ``advantages='token'`` gives ``[B, T]`` advantages (a fixed per-token modulation of the
-    row's advantage). Float tensors are cast to ``dtype`` from their float64 literals.
+    row's advantage). Float tensors are cast to ``dtype`` from their float64 literals; in
+    float16 the padding garbage is a third as large (log-ratios within +/-10 at padding,
+    whose exp float16 holds).
     """
+    scale = 1.0 / 3.0 if dtype is torch.float16 else 1.0
     out = {}
     for index, (name, rows) in enumerate(_BATCHES.items()):
-        batch = _batch(name, rows, index, advantages)
+        batch = _batch(name, rows, index, advantages, scale)
         out[name] = {k: v.to(dtype) if v.is_floating_point() else v for k, v in batch.items()}
     return out

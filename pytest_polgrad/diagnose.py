@@ -453,6 +453,9 @@ class _Scorer:
         self._where = (tolerance.input_dtype, advantages)
         """What the corpus batches depend on (:func:`canonical_corpus`)."""
         self._fits: dict[PolicyLossConfig, PolicyLossConfig | None] = {}
+        self.read_off: dict[PolicyLossConfig, dict[str, tuple[float, float]]] = {}
+        """Each config whose clip bounds were read off the function, and the bracket each
+        bound was solved in (:meth:`fitted_clips`)."""
         self._alive: list[Match] = []
         self._seq: dict[int, int] = {}
         """``id(match)`` -> generation order (every match stays alive in ``_alive``)."""
@@ -638,7 +641,10 @@ class _Scorer:
         bounds = [shortest(v, *brackets[k], rtol) for k, v in zip(knobs, values, strict=True)]
         if any(b is None for b in bounds):
             return None
-        return _with_bounds(cfg, dict(zip(knobs, bounds, strict=True)))
+        fitted = _with_bounds(cfg, dict(zip(knobs, bounds, strict=True)))
+        if fitted is not None:
+            self.read_off[fitted] = dict(brackets)
+        return fitted
 
     # -- candidates
 
@@ -1148,6 +1154,8 @@ def explain(
     if full:
         found = "; or ".join(m.describe() for m in full)
         hint = unstated_hint(full[0], target, reference)
+        if full[0].config in scorer.read_off:
+            hint += _read_off_clause(full[0], scorer, target, reference, bool(hint))
         return Explanation(
             f"on the canonical corpus this function matches {found} (within tolerance); "
             f"{wanted}.{hint}",
@@ -1192,6 +1200,49 @@ def explain(
         f"no match (closest: {m.describe()}, {m.error:.2g}x tol)",
         None,
     )
+
+
+def _read_off_clause(
+    m: Match, scorer: _Scorer, target: PolicyLossConfig, reference: object, hinted: bool
+) -> str:
+    """How a clip range no candidate had was read off the function, with the evidence's
+    range; at half precision, that the losses cannot tell the values in it apart (so the
+    named one is a representative); otherwise the marker line declaring it when the
+    source's own hint has not printed one."""
+    clip = m.config.clip
+    half = scorer.tolerance.input_dtype in (torch.float16, torch.bfloat16)
+    parts = []
+    for knob, (lo, hi) in scorer.read_off[m.config].items():
+        value = getattr(clip, knob)
+        if m.config.surrogate is SurrogateKind.CISPO:
+            parts.append(
+                f"{knob} {value:g} (a weight capped at {1.0 + value:g}), which the losses "
+                f"put between the corpus's ratios {1.0 + lo:.4g} and {1.0 + hi:.4g}"
+            )
+        else:
+            solved = "" if half else f", the losses at {value:g}"
+            parts.append(
+                f"{knob} {value:g}: the gradient's exact zeros put it in [{lo:.3g}, {hi:.3g})"
+                + solved
+            )
+    said = "; ".join(parts)
+    if half:
+        dtype = str(scorer.tolerance.input_dtype).removeprefix("torch.")
+        return (
+            f" The clip range was read off the function: {said}; fed {dtype}, the losses "
+            "cannot tell the values in that range apart, so the one named is only a "
+            "representative."
+        )
+    text = f" The clip range was read off the function: {said}."
+    if not hinted and isinstance(reference, str):
+        line = ", ".join(
+            "=".join(_keyword_value(k, m.config)) for k in _differences(m.config, target)
+        )
+        text += (
+            f" If that is intended, declare it: @pytest.mark.polgrad_conforms"
+            f'("{reference}", {line}).'
+        )
+    return text
 
 
 def _clips_elsewhere(

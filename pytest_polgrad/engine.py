@@ -492,7 +492,7 @@ def _generic_report(
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
     out += ["", "  reproduce (standalone):", ""]
-    out += ["    " + ln if ln else "" for ln in kind.snippet(ctx, found.inputs, check).splitlines()]
+    out += kind.snippet(ctx, found.inputs, check).splitlines()  # flush left: it runs as printed
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, match

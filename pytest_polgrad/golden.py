@@ -16,7 +16,7 @@ import pytest
 import torch
 from syrupy.assertion import SnapshotAssertion
 
-from .corpus import CORPUS_VERSION, canonical_corpus
+from .corpus import canonical_corpus, corpus_version
 from .engine import build_context, kind_of
 from .options import ConformanceOptions, MarkerError
 from .snapshot import RETAIN, EntryScale, PolgradSnapshotExtension, Tolerant, write_error
@@ -55,7 +55,12 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
         scales[f"{name}/grad"] = EntryScale(
             torch.maximum(ref.grad_scale, _own_scale(result.grad)), skip=ref.ambiguous
         )
-    return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+    return Tolerant(
+        data,
+        tolerance=ctx.tolerance,
+        scales=scales,
+        corpus=corpus_version(ctx.tolerance.input_dtype),
+    )
 
 
 def _location(snapshot: SnapshotAssertion) -> str:

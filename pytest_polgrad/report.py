@@ -60,15 +60,16 @@ def failure_report(
     if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
         diagnosis, summary = diagnosis_line(ctx)
         if batch is not None:
-            diagnosis = diagnosis.rstrip(".") + "." + _on_failing_batch(ctx, batch.as_kwargs())
+            elsewhere = _on_failing_batch(ctx, batch.as_kwargs())
+            diagnosis = diagnosis.rstrip(".") + "." + elsewhere
+            if elsewhere:  # the table must not read as if the function were its match
+                summary += " on the corpus only (not on the failing batch)"
         out += ["", "  diagnosis  " + textwrap.fill(diagnosis, 88, subsequent_indent=" " * 13)]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
     if batch is not None:  # the snippet's first comment says how to run it, as every kind's
         out += ["", "  reproduce (standalone):", ""]
-        out += [
-            "    " + line if line else "" for line in snippet(ctx, batch, check.name).splitlines()
-        ]
+        out += snippet(ctx, batch, check.name).splitlines()  # flush left: saved as printed, it runs
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, summary
@@ -135,7 +136,7 @@ def repeated_verdict(report: str, first: str, label: str) -> str:
     kept = lines[:1] + [x for x in lines if x.startswith(("  property ", "  verdict "))]
     replay = [x for x in lines if x.lstrip().startswith("replay ")]
     pointer = (
-        f"  (the same verdict as check {first!r} of {label}: its report has the batch, the "
-        "diagnosis and the snippet)"
+        f"  (the same verdict as check {first!r} of {label}: its report has the batch and the "
+        "snippet)"
     )
     return "\n".join([*kept, pointer, *replay])

@@ -36,7 +36,7 @@ def _report(fn: Any, reference: str) -> ConformanceReport:
 def _parts(text: str) -> tuple[str, str, str]:
     """``(inputs line, run-from directory, snippet code)`` of a report."""
     inputs = next(ln for ln in text.splitlines() if ln.startswith("  inputs "))
-    code = "\n".join(ln[4:] for ln in text.split(HEAD, 1)[1].splitlines())
+    code = text.split(HEAD, 1)[1]
     first = code.splitlines()[0]
     prefix = "# pytest-polgrad reproduction: save it as a file and run it with python from "
     assert first.startswith(prefix), first

@@ -187,7 +187,7 @@ def snippets_ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             result = _run(getattr(sample_losses, name), reference, check, **options)
             assert not result.passed, f"{name} passed {check}"
             text = result.report.split("reproduce (standalone):\n", 1)[1]
-            code = "\n".join(line[4:] for line in text.split("  replay")[0].splitlines())
+            code = text.split("  replay")[0]
         except Exception:
             made[case] = (None, traceback.format_exc())
             continue

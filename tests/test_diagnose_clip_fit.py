@@ -83,12 +83,18 @@ def test_a_clip_range_no_entry_uses_is_named(
     found = _explain(_ppo(lo, hi), reference, dtype=dtype)
     assert found.best is not None, found.text
     assert f"this function matches token-mean, token ratio, {named}, no KL term" in found.text
+    assert "read off the function" in found.text and "exact zeros put it in [" in found.text
+    line = ", ".join(
+        f"{k}={v}" for k, v, ref in (("eps_low", lo, 0.2), ("eps_high", hi, 0.28)) if v != ref
+    )
+    assert f'declare it: @pytest.mark.polgrad_conforms("{reference}", {line}).' in found.text
 
 
 def test_a_cispo_cap_no_entry_uses_is_named_with_its_marker_line() -> None:
     found = _explain(_cispo(2.5), "cispo")
     assert "cispo eps none/1.5" in found.text, found.text
     assert '@pytest.mark.polgrad_conforms("cispo", eps_high=1.5)' in found.text
+    assert "eps_high 1.5 (a weight capped at 2.5)" in found.text  # the bound is relative
 
 
 def test_bfloat16_fed_and_upcast_the_bound_is_named_with_strict() -> None:
@@ -97,6 +103,18 @@ def test_bfloat16_fed_and_upcast_the_bound_is_named_with_strict() -> None:
     found = _explain(_ppo(0.2, 0.25, upcast=True), "dapo", dtype="bfloat16", strict=True)
     assert "stop-gradient" not in found.text
     assert "matches token-mean, token ratio, pg_clip eps 0.2/0.25" in found.text, found.text
+
+
+def test_at_half_precision_a_read_off_bound_is_named_as_a_representative() -> None:
+    """A loss computing in bfloat16, judged strictly: its losses fit a range of bounds, so
+    the one named (0.24 for a true 0.25) comes with the range its gradient gives, and no
+    marker line."""
+    found = _explain(_ppo(0.2, 0.25), "dapo", dtype="bfloat16", strict=True)
+    assert "pg_clip eps 0.2/0.2" in found.text, found.text
+    assert "the one named is only a representative" in found.text
+    low, high = (float(x) for x in found.text.split("put it in [")[1].split(")")[0].split(", "))
+    assert low <= 0.25 < high
+    assert "declare it" not in found.text
 
 
 def test_at_half_precision_the_gradient_brackets_the_bound() -> None:

@@ -261,3 +261,5 @@ def test_a_match_does_not_hold_on_a_batch_the_check_failed_on() -> None:
     (result,) = info.value.report.results
     assert "the reference itself" in result.diagnosis, result.diagnosis
     assert "That match does not hold on the failing batch" in result.diagnosis
+    # the summary table must not read as if the function were the reference
+    assert result.match.endswith("on the corpus only (not on the failing batch)"), result.match

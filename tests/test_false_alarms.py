@@ -280,3 +280,42 @@ def test_float16_extreme_batches_past_its_range_are_not_judged(upcast: bool) -> 
         diagnose=False,
     )
     assert not wrong.passed
+
+
+# ---------------------------------------------- the canonical corpus's padding in float16
+
+
+def _dapo_times_mask(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+) -> Tensor:
+    """DAPO in the inputs' dtype, masked by multiplying (``(x * m).sum() / m.sum()``)."""
+    m = response_mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old_logprobs)
+    per = torch.maximum(-advantages[:, None] * ratio, -advantages[:, None] * ratio.clamp(0.8, 1.28))
+    return (per * m).sum() / m.sum()
+
+
+def test_the_float16_corpus_keeps_exp_of_its_padding_finite() -> None:
+    """Version 2 put log-ratios of +/-30 at padding: exp is inf in float16, and a loss that
+    multiplies by the mask returned NaN on the canonical batches (six checks failed with
+    "returned nan for a valid batch": a new-user trial finding). float16's corpus is
+    version 3, with garbage a third as large; the other dtypes' are unchanged."""
+    from pytest_polgrad.corpus import CORPUS_VERSION, canonical_corpus, corpus_version
+
+    assert corpus_version(torch.float16) == 3
+    assert {corpus_version(d) for d in (torch.float64, torch.float32, torch.bfloat16)} == {
+        CORPUS_VERSION
+    }
+    half, full = canonical_corpus(dtype=torch.float16), canonical_corpus()
+    for name, batch in half.items():
+        mask = batch["response_mask"]
+        for key in ("logprobs", "ref_logprobs", "rollout_logprobs"):
+            gap = (batch[key].float() - batch["old_logprobs"].float()).abs()
+            assert bool(torch.isfinite(gap.exp().half()).all()), (name, key)
+            same = full[name][key].half()
+            assert torch.equal(torch.where(mask, batch[key], 0), torch.where(mask, same, 0))
+    checks = ("value", "gradient", "masked-positions", "micro-batch")
+    report = assert_conforms(
+        _dapo_times_mask, "dapo", dtype="float16", checks=checks, max_examples=40
+    )
+    assert report.ok

@@ -233,7 +233,7 @@ def _report(text: str, name: str, check: str) -> str:
 
 def _snippet(report: str) -> str:
     body = report.split(HEAD, 1)[1]
-    return "\n".join(line[4:] for line in body.splitlines())
+    return body
 
 
 def _line(stdout: str, label: str) -> str:

@@ -69,7 +69,7 @@ def _reports(stdout: str) -> list[str]:
 def _snippet(report: str) -> tuple[str, str]:
     """``(instruction, code)`` of a report's reproduce section."""
     body = report.split("\n  reproduce (standalone):\n\n", 1)[1]
-    code = "\n".join(line[4:] for line in body.splitlines())
+    code = body
     match = FIRST.fullmatch(code.splitlines()[0])
     assert match, code
     return match.group(1), code

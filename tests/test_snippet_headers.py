@@ -27,7 +27,7 @@ def _first_line(report: str) -> str:
     """The snippet's first line, after the report's header line (asserted to be there)."""
     assert HEAD in report, report
     assert "reproduce (standalone;" not in report, report
-    return report.split(HEAD, 1)[1].splitlines()[0].removeprefix("    ")
+    return report.split(HEAD, 1)[1].splitlines()[0]
 
 
 def _policy_report(fn: Callable[..., Any]) -> str:

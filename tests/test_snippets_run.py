@@ -38,7 +38,7 @@ def _snippet(report: str) -> tuple[str, str]:
     snippet's first line, a comment (asserted)."""
     assert HEAD in report, report
     body = report.split(HEAD, 1)[1].split("\n  replay ")[0]
-    code = "\n".join(line[4:] for line in body.splitlines())
+    code = body
     match = FIRST.fullmatch(code.splitlines()[0])
     assert match, code
     return match.group(1), code

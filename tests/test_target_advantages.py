@@ -363,10 +363,9 @@ def test_the_report_carries_a_standalone_snippet() -> None:
     failed = _failed(_run(grpo_population_std, "grpo"))
     report = failed["value"].report
     assert "rewards = torch.tensor(" in report and "group_ids = torch.tensor(" in report
-    code = report.split("reproduce (standalone):", 1)[1]
-    lines = [ln[4:] for ln in code.splitlines() if ln.startswith("    ")]
+    code = report.split("reproduce (standalone):", 1)[1].split("\n  replay", 1)[0]
     namespace: dict[str, Any] = {}
-    exec("\n".join(lines), namespace)  # the snippet runs on its own
+    exec(code, namespace)  # the snippet runs on its own, exactly as printed
     assert namespace["rewards"].dtype == torch.float64
 
 

@@ -182,5 +182,5 @@ def test_marker_generates_aggregation_items_and_goldens(pytester) -> None:
 def test_report_snippet_runs_standalone(capsys) -> None:
     result = _run(grpo_instead_of_dapo, "value", "dapo")
     code = result.report.split("reproduce (standalone):", 1)[1].split("  replay", 1)[0]
-    exec(compile("\n".join(ln[4:] for ln in code.splitlines()), "snippet", "exec"), {})
+    exec(compile(code, "snippet", "exec"), {})
     assert "function:" in capsys.readouterr().out

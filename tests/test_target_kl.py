@@ -193,7 +193,7 @@ def test_ratio_weighted_kl_passes_and_a_detached_ratio_is_named() -> None:
 def test_report_snippet_runs_standalone(capsys) -> None:
     result = _run(k3_sign_flipped, "value", "grpo")
     code = result.report.split("reproduce (standalone):", 1)[1].split("  replay", 1)[0]
-    exec(compile("\n".join(ln[4:] for ln in code.splitlines()), "snippet", "exec"), {})
+    exec(compile(code, "snippet", "exec"), {})
     assert "reference:" in capsys.readouterr().out
 
 

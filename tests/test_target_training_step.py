@@ -212,7 +212,6 @@ def test_mutants_pass_where_their_bug_cannot_show() -> None:
 def test_report_snippet_runs_standalone(capsys) -> None:
     result = _run(mean_of_micro_batch_means, "micro-batches")
     code = result.report.split("reproduce (standalone):", 1)[1].split("  replay", 1)[0]
-    code = "\n".join(line[4:] for line in code.splitlines())
     exec(compile(code, "snippet", "exec"), {})
     printed = capsys.readouterr().out
     assert "accumulated loss:" in printed and "gradient / reference" in printed

@@ -35,7 +35,7 @@ from polgrad_reference import (
 from polgrad_reference.kl import k_values, ratio_weighted
 
 from ..checks import CheckFailure
-from ..corpus import CORPUS_VERSION, canonical_corpus
+from ..corpus import canonical_corpus, corpus_version
 from ..options import ConformanceOptions, MarkerError, did_you_mean
 from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
@@ -416,7 +416,12 @@ class KLKind:
             else:
                 scales[f"{name}/kl"] = EntryScale(torch.maximum(e.value_scale, own + own.max()))
             scales[f"{name}/grad"] = EntryScale(torch.maximum(e.grad_scale, ev.grad.abs()))
-        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+        return Tolerant(
+            data,
+            tolerance=ctx.tolerance,
+            scales=scales,
+            corpus=corpus_version(ctx.tolerance.input_dtype),
+        )
 
 
 # ------------------------------------------------------------------------- diagnosis

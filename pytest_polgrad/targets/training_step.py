@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 
 from ..checks import CheckFailure
-from ..corpus import CORPUS_VERSION, canonical_corpus
+from ..corpus import canonical_corpus, corpus_version
 from ..options import ConformanceOptions, MarkerError
 from ..oracle import Oracle, OracleResult
 from ..reproduce import (
@@ -450,7 +450,12 @@ class TrainingStepKind:
             scales[f"{name}/grad"] = EntryScale(
                 torch.maximum(ref.grad_scale, own + own.max()), skip=ref.ambiguous
             )
-        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+        return Tolerant(
+            data,
+            tolerance=ctx.tolerance,
+            scales=scales,
+            corpus=corpus_version(ctx.tolerance.input_dtype),
+        )
 
 
 # ------------------------------------------------------------------------- diagnosis
