@@ -13,6 +13,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
+import textwrap
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -79,7 +80,7 @@ def load_function(spec: str) -> Callable[..., Any]:
 def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = None) -> str:
     """A readable ranking of the semantics closest to ``fn``; raises ``Verdict`` when
     ``fn`` cannot be evaluated on the canonical corpus."""
-    from .diagnose import diagnose
+    from .diagnose import diagnose, explain
     from .engine import build_context
 
     ctx = build_context(fn, options, name=name)
@@ -89,10 +90,21 @@ def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = 
         f"advantages, {options.layout} layout), around {options.reference_id!r}:"
     ]
     for m in matches:
-        verdict = "MATCH" if m.matches else f"off by {m.error:.3g}x tol"
+        off = f"{m.error:.3g}" if m.error >= 1.01 else f"{m.error:.6g}"  # never "off by 1x"
+        verdict = "MATCH" if m.matches else f"off by {off}x tol"
         lines.append(f"  {verdict:<24} {m.describe()}")
     if not any(m.matches for m in matches):
         lines.append("  no registered semantics matches within tolerance")
+    # the sentence a failure report carries: it weighs the matches (at half precision many
+    # match, and the gradient's exact zeros may still place a clip bound elsewhere)
+    said = explain(
+        ctx.fut,
+        ctx.config,
+        ctx.tolerance,
+        reference=options.reference,
+        reference_id=options.reference_id,
+    ).text
+    lines += ["", "  diagnosis  " + textwrap.fill(said, 88, subsequent_indent=" " * 13)]
     return "\n".join(lines)
 
 

@@ -1222,8 +1222,8 @@ def _read_off_clause(
         else:
             solved = "" if half else f", the losses at {value:g}"
             parts.append(
-                f"{knob} {value:g}: the gradient's exact zeros put it in [{lo:.3g}, {hi:.3g})"
-                + solved
+                f"{knob} {value:g}: the gradient's exact zeros put it between {lo:.3g} and "
+                f"{hi:.3g}" + solved
             )
     said = "; ".join(parts)
     if half:
@@ -1251,7 +1251,7 @@ def _clips_elsewhere(
     """The diagnosis when the gradient's exact zeros put a clip bound elsewhere than the
     reference's and no candidate matches otherwise (or only the reference itself, within
     a half-precision tolerance too loose to tell)."""
-    brackets = [f"{knob} in [{lo:.3g}, {hi:.3g})" for knob, lo, hi in misplaced]
+    brackets = [f"{knob} between {lo:.3g} and {hi:.3g}" for knob, lo, hi in misplaced]
     said = "; ".join(
         f"{b} (not the reference's {getattr(target.clip, knob):g})"
         for b, (knob, _, _) in zip(brackets, misplaced, strict=True)

@@ -281,7 +281,7 @@ def test_which_command(project: pytest.Pytester) -> None:
     out = ran["which"]
     assert not out.startswith("FAILED"), out
     pytest.LineMatcher(out.splitlines()).fnmatch_lines(
-        ["*MATCH*token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term*"]
+        ["*MATCH*token-mean, token ratio, pg_clip eps 0.2/0.2, no KL term*", "  diagnosis  *"]
     )
 
 

@@ -83,7 +83,7 @@ def test_a_clip_range_no_entry_uses_is_named(
     found = _explain(_ppo(lo, hi), reference, dtype=dtype)
     assert found.best is not None, found.text
     assert f"this function matches token-mean, token ratio, {named}, no KL term" in found.text
-    assert "read off the function" in found.text and "exact zeros put it in [" in found.text
+    assert "read off the function" in found.text and "exact zeros put it between " in found.text
     line = ", ".join(
         f"{k}={v}" for k, v, ref in (("eps_low", lo, 0.2), ("eps_high", hi, 0.28)) if v != ref
     )
@@ -112,7 +112,9 @@ def test_at_half_precision_a_read_off_bound_is_named_as_a_representative() -> No
     found = _explain(_ppo(0.2, 0.25), "dapo", dtype="bfloat16", strict=True)
     assert "pg_clip eps 0.2/0.2" in found.text, found.text
     assert "the one named is only a representative" in found.text
-    low, high = (float(x) for x in found.text.split("put it in [")[1].split(")")[0].split(", "))
+    low, high = (
+        float(x) for x in found.text.split("put it between ")[1].split(";")[0].split(" and ")
+    )
     assert low <= 0.25 < high
     assert "declare it" not in found.text
 
@@ -124,7 +126,7 @@ def test_at_half_precision_the_gradient_brackets_the_bound() -> None:
     found = _explain(_ppo(0.2, 0.25), "dapo", dtype="bfloat16")
     assert "stop-gradient" not in found.text
     assert "the function clips elsewhere" in found.text, found.text
-    low, high = (float(x) for x in found.summary.split("[")[1].split(")")[0].split(", "))
+    low, high = (float(x) for x in found.summary.split("between ")[1].split(")")[0].split(" and "))
     assert low <= 0.25 < high < 0.28
 
 
@@ -190,3 +192,14 @@ def test_a_bound_within_the_ratios_rounding_is_not_claimed(
     cfg = resolve_config(parse_marker(("dapo",), {}))
     found = scorer.misplaced_bounds(cfg)
     assert (found == [("eps_high", pytest.approx(0.1), pytest.approx(0.275))]) is claimed, found
+
+
+def test_which_ends_with_the_reports_diagnosis() -> None:
+    """At bfloat16 ``which`` lists 170-odd matches, the first of them eps 0.2/0.2: without
+    the report's sentence it contradicted the report (a new-user trial finding)."""
+    from pytest_polgrad.__main__ import which
+
+    text = which(_ppo(0.2, 0.25), parse_marker(("dapo",), {"dtype": "bfloat16"}), top=3)
+    assert text.splitlines()[1].lstrip().startswith("MATCH")
+    assert "diagnosis  no registered semantics matches, but" in text
+    assert "the function clips elsewhere" in text.replace("\n" + " " * 13, " ")
