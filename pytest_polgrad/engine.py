@@ -418,14 +418,11 @@ def _refine(
         if isinstance(exc, same):
             found = _Found(smaller, exc, found.source)
             reduced = ", reduced by the kit's shrinker (rows dropped, columns cut; values kept)"
-    if corpus:
-        note = f"the failing input is the {found.source}{reduced}"
-    else:
-        note = (
-            f"the failing input is the {found.source}{reduced}; Hypothesis did not reproduce "
-            f"the failure within {max_examples} examples, so it was not shrunk by Hypothesis"
+    if not corpus:  # the batch line names the input and the kit's shrinking
+        ctx.notes.add(
+            f"Hypothesis did not reproduce the failure within {max_examples} examples, so the "
+            "batch shown is not one Hypothesis shrank"
         )
-    ctx.notes.add(note)
     found.source += reduced
     return found, searched
 

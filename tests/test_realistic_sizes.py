@@ -96,8 +96,14 @@ def test_mutant_is_flagged_with_default_options(fn: Any, reference: str) -> None
     assert "gradient" in failed, info.value.report.summary()
     report = info.value.report.unexpected_failures[0].report
     assert "realistic-size batch" in report
-    # Hypothesis cannot reproduce a size it does not draw; the kit's shrinker reduced it.
+    # Hypothesis cannot reproduce a size it does not draw; the kit's shrinker reduced it,
+    # and the notes say it is not a batch Hypothesis shrank
     assert "reduced by the kit's shrinker" in report
+    notes = info.value.report.unexpected_failures[0].notes
+    assert any(
+        "did not reproduce the failure" in n and "not one Hypothesis shrank" in n for n in notes
+    )
+    assert report.count("the realistic-size batch of the pool") == 1  # the batch line alone
 
 
 def test_realistic_failure_is_reduced_to_a_small_batch() -> None:
