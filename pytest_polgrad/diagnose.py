@@ -453,9 +453,10 @@ class _Scorer:
         self._where = (tolerance.input_dtype, advantages)
         """What the corpus batches depend on (:func:`canonical_corpus`)."""
         self._fits: dict[PolicyLossConfig, PolicyLossConfig | None] = {}
-        self.read_off: dict[PolicyLossConfig, dict[str, tuple[float, float]]] = {}
-        """Each config whose clip bounds were read off the function, and the bracket each
-        bound was solved in (:meth:`fitted_clips`)."""
+        self.read_off: dict[PolicyLossConfig, tuple[dict[str, tuple[float, float]], int]] = {}
+        """Each config whose clip bounds were read off the function: the bracket each bound
+        was solved in, and how many shorter writings of the same solution precede it
+        (:meth:`fitted_clips`)."""
         self._alive: list[Match] = []
         self._seq: dict[int, int] = {}
         """``id(match)`` -> generation order (every match stays alive in ``_alive``)."""
@@ -600,25 +601,26 @@ class _Scorer:
         if rtol is None or cfg.clip.bounds is not ClipBounds.RELATIVE or _placeholder(cfg):
             return []
         if cfg.surrogate is SurrogateKind.CISPO and cfg.ratio is RatioKind.TOKEN:
-            found = (self._fit_bounds(cfg, {"eps_high": b}, rtol) for b in intervals(self.corpus))
-            return [c for c in _unique(found) if c.clip != cfg.clip]
+            found = [self._fit_bounds(cfg, {"eps_high": b}, rtol) for b in intervals(self.corpus)]
+            return [c for c in _unique(itertools.chain(*found)) if c.clip != cfg.clip]
         if cfg.surrogate is not SurrogateKind.PG_CLIP:
             return []
         moved = {knob: (lower, upper) for knob, lower, upper in self.misplaced_bounds(cfg)}
-        fitted = self._fit_bounds(cfg, moved, rtol) if moved else None
-        return [] if fitted is None else [fitted]
+        return self._fit_bounds(cfg, moved, rtol) if moved else []
 
     def _fit_bounds(
         self, cfg: PolicyLossConfig, brackets: Mapping[str, tuple[float, float]], rtol: float
-    ) -> PolicyLossConfig | None:
+    ) -> list[PolicyLossConfig]:
         """``cfg`` with each clip bound ``knob`` in its bracket ``[lower, upper)`` solved
-        from the observed losses (linear in the bounds there), or None when no such
-        bounds reproduce them."""
+        from the observed losses (linear in the bounds there), written to the decimals
+        that fit within ``rtol`` and within finer tolerances, shortest first (scoring picks:
+        a true 0.2475 is not the 0.25 within 1% of it); empty when no bounds reproduce
+        the losses."""
         knobs = list(brackets)
         points = {k: linear(*brackets[k]) for k in knobs}
         base = _with_bounds(cfg, {k: p[0] for k, p in points.items()})
         if base is None:
-            return None
+            return []
         moved = [_with_bounds(base, {k: points[k][1]}) for k in knobs]
         steps = [points[k][1] - points[k][0] for k in knobs]
         starts = [points[k][0] for k in knobs]
@@ -630,21 +632,26 @@ class _Scorer:
                     (self.loss(m, name) - at) / d for m, d in zip(moved, steps, strict=True) if m
                 ]
                 if len(slopes) < len(knobs):
-                    return None
+                    return []
                 offset = at - sum(s * x for s, x in zip(slopes, starts, strict=True))
                 rows.append((self.observed[name][0], offset, slopes))
         except PolgradError:
-            return None
+            return []
         values = solve_bounds(rows, rtol)
         if values is None:
-            return None
-        bounds = [shortest(v, *brackets[k], rtol) for k, v in zip(knobs, values, strict=True)]
-        if any(b is None for b in bounds):
-            return None
-        fitted = _with_bounds(cfg, dict(zip(knobs, bounds, strict=True)))
-        if fitted is not None:
-            self.read_off[fitted] = dict(brackets)
-        return fitted
+            return []
+        out: list[PolicyLossConfig] = []
+        for tol in sorted({rtol, 1e-4, 1e-6, 1e-9}, reverse=True):
+            if tol > rtol:
+                continue
+            bounds = [shortest(v, *brackets[k], tol) for k, v in zip(knobs, values, strict=True)]
+            fitted = None
+            if None not in bounds:
+                fitted = _with_bounds(cfg, dict(zip(knobs, bounds, strict=True)))
+            if fitted is not None and fitted not in out:
+                self.read_off[fitted] = (dict(brackets), len(out))
+                out.append(fitted)
+        return out
 
     # -- candidates
 
@@ -1126,7 +1133,11 @@ def explain(
         ranking, scorer = _ranking(fut, target, tolerance)
     except Verdict as exc:
         return Explanation(f"not diagnosed ({exc}); {wanted}", "not diagnosed", None)
-    full = sorted((m for m in ranking if m.matches), key=lambda m: (_distance(m, target), m.error))
+
+    def order(m: Match) -> tuple[int, int, float]:  # of bounds read off, the shortest matching
+        return _distance(m, target), scorer.read_off.get(m.config, ({}, 0))[1], m.error
+
+    full = sorted((m for m in ranking if m.matches), key=order)
     misplaced = scorer.misplaced_bounds(target)
     if misplaced and (not full or _distance(full[0], target) == 0):
         return _clips_elsewhere(misplaced, target, wanted)
@@ -1150,7 +1161,11 @@ def explain(
             f"is {m.describe()}",
             m,
         )
-    full = full[:3]
+    # two writings of one read-off bound print alike: name each description once
+    first: dict[str, Match] = {}
+    for m in full:
+        first.setdefault(m.describe(), m)
+    full = list(first.values())[:3]
     if full:
         found = "; or ".join(m.describe() for m in full)
         hint = unstated_hint(full[0], target, reference)
@@ -1212,7 +1227,7 @@ def _read_off_clause(
     clip = m.config.clip
     half = scorer.tolerance.input_dtype in (torch.float16, torch.bfloat16)
     parts = []
-    for knob, (lo, hi) in scorer.read_off[m.config].items():
+    for knob, (lo, hi) in scorer.read_off[m.config][0].items():
         value = getattr(clip, knob)
         if m.config.surrogate is SurrogateKind.CISPO:
             parts.append(

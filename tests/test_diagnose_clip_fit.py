@@ -75,6 +75,7 @@ def _cispo(cap: float) -> Loss:
         ("dapo", 0.2, 0.25, "pg_clip eps 0.2/0.25"),  # eps_high between two registry values
         ("dapo", 0.15, 0.28, "pg_clip eps 0.15/0.28"),  # eps_low
         ("dapo", 0.1, 0.25, "pg_clip eps 0.1/0.25"),  # both bounds
+        ("dapo", 0.2, 0.2475, "pg_clip eps 0.2/0.2475"),  # within 1% of a shorter 0.25
     ],
 )
 def test_a_clip_range_no_entry_uses_is_named(
@@ -82,7 +83,9 @@ def test_a_clip_range_no_entry_uses_is_named(
 ) -> None:
     found = _explain(_ppo(lo, hi), reference, dtype=dtype)
     assert found.best is not None, found.text
-    assert f"this function matches token-mean, token ratio, {named}, no KL term" in found.text
+    assert f"this function matches token-mean, token ratio, {named}, no KL term (within" in (
+        found.text
+    )
     assert "read off the function" in found.text and "exact zeros put it between " in found.text
     line = ", ".join(
         f"{k}={v}" for k, v, ref in (("eps_low", lo, 0.2), ("eps_high", hi, 0.28)) if v != ref
