@@ -48,6 +48,7 @@ def bracket(
     grads: Mapping[str, torch.Tensor],
     ratio: RatioKind,
     side: float,
+    reference: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[float, float] | None:
     """``(lower, upper)`` with the bound on ``side`` in ``[lower, upper)`` for the
     function whose gradient on corpus batch ``name`` is ``grads[name]``; None when no
@@ -62,13 +63,17 @@ def bracket(
         a = adv[:, None].expand_as(r) if adv.dim() == 1 else adv
         distance = side * (r - 1.0)
         on_side = batch["response_mask"] & (side * a > 0) & (distance > 0)
-        clipped = on_side & (grads[name] == 0)
-        live = on_side & ~clipped
+        zero = grads[name] == 0
+        if reference is not None:  # a zero the reference has too (a masked row) says nothing
+            on_side = on_side & (reference[name] != 0)
+        clipped = on_side & zero
+        live = on_side & ~zero
         if bool(live.any()):
             lower = max(lower, float(distance[live].max()))
         if bool(clipped.any()):
             upper = min(upper, float(distance[clipped].min()))
-    return (lower, upper) if lower < upper < math.inf else None
+    # without a live token on that side nothing bounds it from below (a detached loss)
+    return (lower, upper) if 0.0 < lower < upper < math.inf else None
 
 
 def intervals(
@@ -103,6 +108,8 @@ def solve(rows: list[tuple[float, float, list[float]]], rtol: float) -> list[flo
     ``(observed, a, slopes)`` row per batch (least squares; batches on which no bound
     acts carry no information and are left out); None when the batches do not determine
     every bound or disagree beyond ``rtol`` (relative to the terms)."""
+    if not all(math.isfinite(x) for r in rows for x in (r[0], r[1], *r[2])):
+        return None  # a NaN loss determines no bound
     used = [r for r in rows if any(abs(s) > 1e-9 * (1.0 + abs(r[1])) for s in r[2])]
     if not used:
         return None

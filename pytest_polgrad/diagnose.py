@@ -48,7 +48,7 @@ from .corpus import canonical_corpus
 from .divisor import Divisor, divisors_for, row_terms
 from .oracle import Oracle, OracleResult
 from .target import FunctionUnderTest, Verdict
-from .tolerance import Tolerance
+from .tolerance import KINK_ULPS, Tolerance, unit_roundoff
 
 __all__ = [
     "Explanation",
@@ -575,14 +575,23 @@ class _Scorer:
     def misplaced_bounds(self, cfg: PolicyLossConfig) -> list[tuple[str, float, float]]:
         """``(knob, lower, upper)`` for each relative PPO-clip bound of ``cfg`` outside the
         bracket the function's gradient puts it in (:func:`.clip_fit.bracket`), widened by
-        the kink band: a ratio the function rounds across the bound is not evidence."""
+        the kink band, and at least by the inputs' own rounding (a loss computing in
+        bfloat16 rounds its ratios so, whatever precision judges it): a ratio the function
+        rounds across the bound is not evidence. Only tokens where ``cfg``'s own gradient is
+        nonzero count (a row a rollout mask zeroes is not clipped)."""
         if cfg.surrogate is not SurrogateKind.PG_CLIP or cfg.clip.bounds is not ClipBounds.RELATIVE:
             return []
-        band = self.tolerance.kink_band[0]
+        band = max(
+            self.tolerance.kink_band[0], KINK_ULPS * unit_roundoff(self.tolerance.input_dtype)
+        )
         grads = {name: grad for name, (_, grad) in self.observed.items()}
+        try:
+            own = {name: self._call(cfg, name).grad for name in self.corpus}
+        except PolgradError:
+            return []
         out = []
         for knob, side in SIDES.items():
-            found = bracket(self.corpus, grads, cfg.ratio, side)
+            found = bracket(self.corpus, grads, cfg.ratio, side, own)
             bound = getattr(cfg.clip, knob)
             if found is None or bound is None:
                 continue
@@ -1139,8 +1148,9 @@ def explain(
 
     full = sorted((m for m in ranking if m.matches), key=order)
     misplaced = scorer.misplaced_bounds(target)
-    if misplaced and (not full or _distance(full[0], target) == 0):
-        return _clips_elsewhere(misplaced, target, wanted)
+    half = tolerance.input_dtype in (torch.float16, torch.bfloat16)
+    if misplaced and half and full and _distance(full[0], target) == 0:
+        return _clips_elsewhere(misplaced, target, wanted, half)
     if full and _distance(full[0], target) == 0:
         # the corpus cannot explain the failure (e.g. at bfloat16 precision every nearby
         # candidate is within tolerance): name the reference, not the lowest-error one
@@ -1148,9 +1158,9 @@ def explain(
         also = f"; at this precision {others} other candidate(s) do too" if others else ""
         hint = ""
         if others and tolerance.precisions[-1] in (torch.bfloat16, torch.float16):
-            half = str(tolerance.precisions[-1]).removeprefix("torch.")
+            name = str(tolerance.precisions[-1]).removeprefix("torch.")
             hint = (
-                f" At {half} tolerance the corpus cannot tell these semantics apart: a "
+                f" At {name} tolerance the corpus cannot tell these semantics apart: a "
                 "function that computes in float32 is judged, and diagnosed, at float32 "
                 "with strict=True."
             )
@@ -1177,6 +1187,8 @@ def explain(
             f"is {found}",
             full[0],
         )
+    if misplaced and not full and not any(m.value_matches for m in ranking):
+        return _clips_elsewhere(misplaced, target, wanted, half)
     value_only = [m for m in ranking if m.value_matches]
     if value_only:
         m = value_only[0]
@@ -1261,7 +1273,7 @@ def _read_off_clause(
 
 
 def _clips_elsewhere(
-    misplaced: list[tuple[str, float, float]], target: PolicyLossConfig, wanted: str
+    misplaced: list[tuple[str, float, float]], target: PolicyLossConfig, wanted: str, half: bool
 ) -> Explanation:
     """The diagnosis when the gradient's exact zeros put a clip bound elsewhere than the
     reference's and no candidate matches otherwise (or only the reference itself, within
@@ -1274,8 +1286,9 @@ def _clips_elsewhere(
     return Explanation(
         "no registered semantics matches, but on the canonical corpus the function's "
         "gradient is exactly zero at the tokens a PPO-clip loss with the reference's other "
-        f"choices clips for {said}: the function clips elsewhere (its losses do not pin the "
-        f"bound down at this precision); {wanted}",
+        f"choices clips for {said}: the function clips elsewhere"
+        + (" (its losses do not pin the bound down at this precision)" if half else "")
+        + f"; {wanted}",
         f"no match (clip range: {', '.join(brackets)})",
         None,
     )

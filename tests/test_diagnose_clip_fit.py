@@ -206,3 +206,42 @@ def test_which_ends_with_the_reports_diagnosis() -> None:
     assert text.splitlines()[1].lstrip().startswith("MATCH")
     assert "diagnosis  no registered semantics matches, but" in text
     assert "the function clips elsewhere" in text.replace("\n" + " " * 13, " ")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_zeros_the_reference_has_too_are_not_read_as_clipping(dtype: str) -> None:
+    """grpo_geo_rs's rollout mask zeroes whole rows: the reference's own loss was told it
+    "clips elsewhere" (eps_low between 0.0005 and 0.02). A review finding."""
+    from polgrad_reference import get_algorithm
+
+    found = _explain(
+        L.reference_loss(get_algorithm("grpo_geo_rs").loss), "grpo_geo_rs", dtype=dtype
+    )
+    assert "clips elsewhere" not in found.text, found.text
+
+
+def test_a_detached_loss_keeps_its_stop_gradient_diagnosis() -> None:
+    """No live token bounds anything from below: not a clip range (a review finding)."""
+
+    def detached(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        return (
+            L.dapo(logprobs.detach(), old_logprobs, advantages, response_mask) + 0 * logprobs.sum()
+        )
+
+    found = _explain(detached, "dapo")
+    assert "stop-gradient" in found.text and "clips elsewhere" not in found.text, found.text
+
+
+def test_a_bfloat16_ratio_rounded_across_the_bound_is_not_a_clip_range() -> None:
+    """PPO computing in bfloat16, judged strictly: the corpus's 1.2001 rounds across 1.2 in
+    bfloat16, so the bracket widens by the inputs' rounding (a review finding)."""
+    found = _explain(L.ppo, "ppo", dtype="bfloat16", strict=True)
+    assert "clips elsewhere" not in found.text, found.text
+
+
+def test_a_nan_loss_determines_no_bound() -> None:
+    from pytest_polgrad.clip_fit import solve
+
+    assert solve([(float("nan"), 1.0, [2.0]), (1.0, 0.5, [1.0])], 1e-6) is None

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from polgrad_reference import ALGORITHMS, Aggregation, aggregate, get_algorithm, token_weights
 
 from ..checks import CheckFailure
-from ..corpus import CORPUS_VERSION, canonical_corpus
+from ..corpus import canonical_corpus, corpus_version
 from ..options import ConformanceOptions, MarkerError, did_you_mean
 from ..reproduce import check_lines, importable, kind_snippet, pick_line
 from ..snapshot import EntryScale, Tolerant
@@ -320,7 +320,12 @@ class AggregationKind:
             scales[f"{name}/loss"] = EntryScale(max(e.value_scale, own), count=e.n)
             g = ev.grad.abs().to(torch.float64)
             scales[f"{name}/grad"] = EntryScale(torch.maximum(e.grad_scale, g + g.max()))
-        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+        return Tolerant(
+            data,
+            tolerance=ctx.tolerance,
+            scales=scales,
+            corpus=corpus_version(ctx.tolerance.input_dtype),
+        )
 
 
 def _candidates(ref: AggregationRef) -> list[tuple[AggregationRef, bool]]:
