@@ -488,11 +488,10 @@ def _past_range(ctx: Context, batch: Batch, ev: Evaluation) -> bool:
     ref = ctx.expected(batch)
     assert ev.grad is not None
     bad = ~torch.isfinite(ev.grad)
-    if not bool(torch.isfinite(ev.loss)) and abs(ref.loss) <= big:
-        return dtype in ctx.tolerance.precisions and _term_mass(ctx, batch) > big
-    if bool(bad.any()) and not bool((ref.grad[bad].abs() > big).all()):
-        return dtype in ctx.tolerance.precisions and _term_mass(ctx, batch) > big
-    return True
+    loss_beyond = bool(torch.isfinite(ev.loss)) or abs(ref.loss) > big
+    if loss_beyond and bool((ref.grad[bad].abs() > big).all()):  # all() of none is True
+        return True
+    return dtype in ctx.tolerance.precisions and _term_mass(ctx, batch) > big
 
 
 def _term_mass(ctx: Context, batch: Batch) -> float:

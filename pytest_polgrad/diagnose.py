@@ -453,6 +453,7 @@ class _Scorer:
         self._where = (tolerance.input_dtype, advantages)
         """What the corpus batches depend on (:func:`canonical_corpus`)."""
         self._fits: dict[PolicyLossConfig, PolicyLossConfig | None] = {}
+        self._misplaced: dict[PolicyLossConfig, list[tuple[str, float, float]]] = {}
         self.read_off: dict[PolicyLossConfig, tuple[dict[str, tuple[float, float]], int]] = {}
         """Each config whose clip bounds were read off the function: the bracket each bound
         was solved in, and how many shorter writings of the same solution precede it
@@ -579,6 +580,11 @@ class _Scorer:
         bfloat16 rounds its ratios so, whatever precision judges it): a ratio the function
         rounds across the bound is not evidence. Only tokens where ``cfg``'s own gradient is
         nonzero count (a row a rollout mask zeroes is not clipped)."""
+        if cfg not in self._misplaced:  # the ranking's clip fit and explain() both ask
+            self._misplaced[cfg] = self._find_misplaced(cfg)
+        return self._misplaced[cfg]
+
+    def _find_misplaced(self, cfg: PolicyLossConfig) -> list[tuple[str, float, float]]:
         if cfg.surrogate is not SurrogateKind.PG_CLIP or cfg.clip.bounds is not ClipBounds.RELATIVE:
             return []
         band = max(

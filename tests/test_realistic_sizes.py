@@ -106,13 +106,17 @@ def test_mutant_is_flagged_with_default_options(fn: Any, reference: str) -> None
     assert report.count("the realistic-size batch of the pool") == 1  # the batch line alone
 
 
-def test_realistic_failure_is_reduced_to_a_small_batch() -> None:
-    opts = parse_marker(("dapo",), {})
-    result = run_check(
-        build_context(dapo_chunked_rows, opts), "value", max_examples=100, base_seed=0
-    )
+def _reduced(fn: Any, reference: str, check: str) -> tuple[Any, str]:
+    """The failing result of ``check`` at default options, seed 0, and its batch line."""
+    opts = parse_marker((reference,), {})
+    result = run_check(build_context(fn, opts), check, max_examples=100, base_seed=0)
     assert not result.passed
     line = next(ln for ln in result.report.splitlines() if ln.strip().startswith("batch"))
+    return result, line
+
+
+def test_realistic_failure_is_reduced_to_a_small_batch() -> None:
+    _, line = _reduced(dapo_chunked_rows, "dapo", "value")
     rows = int(line.split("B=")[1].split(",")[0])
     assert 9 <= rows <= 16, line  # needs a second chunk of rows, and nothing more
 
@@ -121,16 +125,11 @@ def test_a_failure_past_1024_tokens_is_reduced_to_about_1024_columns() -> None:
     """Truncation alone stops at 3073 columns (3072 are three whole segments, which pass);
     deleting runs of inner columns gets near the 1025 the mutant needs, and the report's
     literals stay in short lines."""
-    opts = parse_marker(("grpo",), {})
-    result = run_check(
-        build_context(grpo_segment_means, opts), "gradient", max_examples=100, base_seed=0
-    )
-    assert not result.passed
-    line = next(ln for ln in result.report.splitlines() if ln.strip().startswith("batch"))
+    result, line = _reduced(grpo_segment_means, "grpo", "gradient")
     width = int(line.split("T=")[1].split(",")[0])
     assert 1025 <= width <= 1024 + 4096 // 64, line
     values = [ln for ln in result.report.splitlines() if re.fullmatch(r"[\s\[\]0-9.e,+*-]+", ln)]
-    assert len(values) > 10 and max(map(len, values)) <= 104  # the snippet, indented by 4
+    assert len(values) > 10 and max(map(len, values)) <= 104  # lines of at most 100, and slack
 
 
 def _extras(**options: Any) -> list[Any]:
