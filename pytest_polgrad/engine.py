@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
@@ -242,9 +243,28 @@ def _failures() -> tuple[type[BaseException], ...]:
     return (CheckFailure, Verdict)
 
 
-def _prepare(check: KindCheck, inputs: Any) -> Any:
+_PREPARED = CallStore()
+"""(prepare, id of the input) -> the prepared input, while the input lives."""
+
+
+def prepared(check: KindCheck, inputs: Any) -> Any:
+    """``check.prepare(inputs)``, made once per input while it lives: the transform does
+    not depend on the function, so every function and check sees the same prepared
+    tensors, and the oracle's per-batch cache serves them all (policy loss
+    'on-policy')."""
     prepare = getattr(check, "prepare", None)
-    return inputs if prepare is None else prepare(inputs)
+    if prepare is None:
+        return inputs
+    key = (prepare, id(inputs))
+    if key in _PREPARED:
+        return _PREPARED[key]
+    made = prepare(inputs)
+    try:  # the entry goes with the input, before its id can name another one
+        weakref.finalize(inputs, _PREPARED.pop, key, None)
+    except TypeError:  # an input that takes no weak reference is prepared every time
+        return made
+    _PREPARED[key] = made
+    return made
 
 
 def _attempt(ctx: KindContext, check: KindCheck, inputs: Any) -> AssertionError | None:
@@ -340,7 +360,7 @@ def run_check(
     screening = SHARED_CALLS.set(shared)
     try:
         for source, raw in _candidates(kind, ctx, check, seed, max_examples):
-            inputs = _prepare(check, raw)
+            inputs = prepared(check, raw)
             examples += 1
             exc = _attempt(ctx, check, inputs)
             if exc is not None:

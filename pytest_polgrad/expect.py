@@ -107,17 +107,16 @@ def measure(ctx: Any, check_name: str) -> tuple[float, str]:
     """Run ``check_name`` on every canonical corpus input: ``(worst error, verdict)``
     where ``verdict`` names the first input on which the function misbehaved ("" if none)."""
     from .checks import CheckFailure
-    from .engine import corpus_of, kind_of
+    from .engine import corpus_of, kind_of, prepared
     from .target import Verdict
 
     kind = kind_of(ctx.options)
     check = _check(kind, ctx, check_name)
-    prepare = getattr(check, "prepare", None)
     worst = 0.0
     saved = getattr(ctx, "worst", None)
     try:
         for name, raw in corpus_of(kind, ctx, check).items():
-            inputs = raw if prepare is None else prepare(raw)
+            inputs = prepared(check, raw)
             try:
                 error = float(check.run(ctx, inputs.as_kwargs()))
             except Verdict as exc:

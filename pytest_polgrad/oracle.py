@@ -64,6 +64,10 @@ class OracleResult:
     undecided: bool = False
     """A rollout-IS keep/drop decision (mask or zero mode) lies within rounding distance
     of its band: the loss jumps there, so the batch cannot be judged at this precision."""
+    clear: torch.Tensor | None = None
+    """``response_mask & ~ambiguous``: the response tokens whose gradient is compared."""
+    kinked: bool = True
+    """Whether any token is ``ambiguous`` (False: finiteness there needs no separate test)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +150,8 @@ class Oracle:
             grad_scale_native=grad_native,
             cond=cond,
             cond_native=native,
+            clear=x["response_mask"] & ~ambiguous,
+            kinked=bool(ambiguous.any()),
             undecided=self._is_undecided(x, x["response_mask"], kink_eps, native_kinks)
             or self._selection_undecided(
                 x, mask, adv, ratio, kink_eps, token_native if native_kinks else token_cond

@@ -169,17 +169,18 @@ class Tolerance:
         error ratios (``inf`` for non-finite entries, ``0`` outside ``where``)."""
         diff = (actual.to(torch.float64) - expected).abs()
         diff = torch.where(torch.isfinite(actual), diff, torch.inf)
+        # an entry whose scale is exactly 0 (the reference's gradient and every term of its
+        # scale vanish) has tolerance 0 and admits no difference: diff / 0 is inf there, and
+        # an entry without difference has ratio 0 whatever its tolerance
+        judged = where & (diff != 0)
         ratios = torch.zeros_like(diff)
         for p in self.precisions:
             s = self._pick(p, scale, native_scale)
-            floor = torch.where(s > 0, self._floor(p), 0.0)  # an exact 0 stays exact
-            tol = self.factor * unit_roundoff(p) * _K * s + floor
+            tol = self.factor * unit_roundoff(p) * _K * s + self._floor(p)
             if rounding := self._result_rounding(p):
                 tol = tol + self.factor * rounding * s
-            # an entry whose scale is exactly 0 (the reference's gradient and every term of
-            # its scale vanish) admits no difference: inf, not a ratio to a tiny floor
-            exact = torch.where(diff > 0, torch.inf, 0.0)
-            ratios = torch.where(where, torch.where(tol > 0, diff / tol, exact), 0.0)
+            tol = torch.where(s > 0, tol, 0.0)  # an exact 0 stays exact: no floor
+            ratios = torch.where(judged, diff / tol, 0.0)
             worst = float(ratios.max()) if ratios.numel() else 0.0
             if worst <= 1.0:
                 return Comparison(True, worst, p), ratios

@@ -120,6 +120,36 @@ def test_the_pool_is_drawn_once_for_every_check_and_function(
     assert len(draws) == 2  # another domain, another pool
 
 
+def test_a_prepared_check_computes_each_reference_once_for_every_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """'on-policy' prepares each pooled batch (old = logprobs) once while it lives, so a
+    second function's check finds every reference result in the oracle's cache."""
+    from pytest_polgrad.oracle import Oracle
+
+    engine.clear_pools()
+    calls = [0]
+    real = Oracle.__call__
+
+    def counting(self: Oracle, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Oracle, "__call__", counting)
+    opts = parse_marker(("dapo",), {"max_batch": 4, "max_length": 16})
+    first = run_check(build_context(L.dapo, opts), "on-policy", max_examples=12, base_seed=9)
+    assert first.passed and calls[0] > 0
+    calls[0] = 0
+    again = run_check(
+        build_context(_renamed(L.dapo, "another_dapo"), opts),
+        "on-policy",
+        max_examples=12,
+        base_seed=9,
+    )
+    assert again.passed and again.examples == first.examples
+    assert calls[0] == 0
+
+
 def test_examples_count_what_ran() -> None:
     from pytest_polgrad.corpus import canonical_corpus
 

@@ -66,6 +66,26 @@ def test_deterministic_with_a_shared_first_call_still_catches_drift() -> None:
     assert not result.passed and "two calls on the same batch" in result.message
 
 
+def test_deterministic_compares_with_the_inputs_unchanged_call() -> None:
+    """inputs-unchanged makes a fresh call on every batch; with a store, deterministic
+    compares the shared call with that one instead of calling a third time, and still
+    catches a result that changes from one call to the next."""
+    fn, calls = _counting(L.dapo)
+    store = CallStore()
+    for check in ("value", "inputs-unchanged", "deterministic"):
+        result = run_check(
+            build_context(fn, OPTS), check, max_examples=20, base_seed=1, shared=store
+        )
+        assert result.passed, result.report
+    assert calls[0] == 20 + 20
+    store = CallStore()
+    ctx = build_context(L.dapo_nondeterministic, OPTS)
+    for check in ("value", "inputs-unchanged"):
+        assert run_check(ctx, check, max_examples=20, base_seed=1, shared=store).passed
+    result = run_check(ctx, "deterministic", max_examples=20, base_seed=1, shared=store)
+    assert not result.passed and "two calls on the same batch" in result.message
+
+
 def test_nothing_is_shared_across_assert_conforms_calls() -> None:
     """A function whose behaviour changes between two calls (a global setting, as in
     many trainers) is judged on what it computes now, on the very same pooled batches."""
