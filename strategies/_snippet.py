@@ -124,6 +124,8 @@ def tensor_literal(t: torch.Tensor, indent: str = "") -> str:
     t = t.detach().cpu()
     fmt = _formatter(t.dtype)
     dtype = str(t.dtype)
+    if t.numel() == 0 and t.dim() > 1:  # a nested list of no rows loses the other sizes
+        return f"torch.zeros({tuple(t.shape)}, dtype={dtype})"
     body = _nested(t, fmt)
     rows = t.dim() == 2 and t.shape[0] > 1
     if len(body) + len(indent) <= _WIDTH - 40 or (not rows and len(body) <= _LONG):

@@ -145,3 +145,14 @@ def test_a_realistic_size_batch_prints_in_short_lines_and_rebuilds_bit_for_bit()
     assert isinstance(inputs, dict)
     for name, tensor in found.as_kwargs().items():
         assert bits(inputs[name]) == bits(tensor), name
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 5), (3, 0), (2, 0, 4), (0, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.bool, torch.int64])
+def test_an_empty_tensor_rebuilds_with_its_shape(
+    shape: tuple[int, ...], dtype: torch.dtype
+) -> None:
+    """``[]`` alone would rebuild a ``(0, 5)`` tensor as ``(0,)``."""
+    t = torch.zeros(shape, dtype=dtype)
+    rebuilt = eval(tensor_literal(t), {"torch": torch})
+    assert rebuilt.shape == t.shape and rebuilt.dtype == t.dtype
