@@ -80,6 +80,12 @@ class Context:
         if not self.name:
             self.name = self.fut.name
 
+    @functools.cached_property
+    def options_key(self) -> str:
+        """``repr(options)``, once: equal options give equal keys in the call stores (the
+        repr of the options costs more than the rest of a store lookup)."""
+        return repr(self.options)
+
     @property
     def config(self) -> PolicyLossConfig:
         return self.oracle.config
@@ -216,7 +222,7 @@ def _call_key(
     """The store key of the ``tag`` call of this function on ``batch`` (ids of the batch
     tensors, which :func:`remember` keeps valid), and those tensors."""
     tensors = tuple(batch[k] for k in sorted(batch))
-    return (tag, id(ctx.fut.fn), repr(ctx.options), *map(id, tensors)), tensors
+    return (tag, id(ctx.fut.fn), ctx.options_key, *map(id, tensors)), tensors
 
 
 def _stored(

@@ -259,11 +259,20 @@ def _aim_columns(
     gap.mul_(keep).add_(centre)
 
 
-@functools.lru_cache(maxsize=512)
 def _column_pattern(
     width: int, stride: int, aims: tuple[tuple[float, int, float], ...], dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(keep, centre)`` of :func:`_aim_columns` for one width (shared, never written)."""
+    """``(keep, centre)`` of :func:`_aim_columns` for one width (shared, never written):
+    the first ``width`` columns of the pattern for the next power of two (from 256), which
+    are that width's own pattern, so one pattern serves every width below it."""
+    keep, centre = _wide_pattern(max(256, 1 << (width - 1).bit_length()), stride, aims, dtype)
+    return keep[:width], centre[:width]
+
+
+@functools.lru_cache(maxsize=256)
+def _wide_pattern(
+    width: int, stride: int, aims: tuple[tuple[float, int, float], ...], dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     count = len(range(0, width, stride))
     cycle = _aim_logs(aims)
     logs = cycle.repeat(-(-count // cycle.numel()))[:count].to(dtype)

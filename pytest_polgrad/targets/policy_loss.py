@@ -14,6 +14,7 @@ only show at sizes Hypothesis does not draw.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from collections.abc import Callable, Hashable, Mapping
@@ -96,13 +97,19 @@ class SharedOracle(Oracle):
     ) -> OracleResult:
         tensors = tuple(batch[k] for k in sorted(batch))
         settings = tuple(sorted(options.items()))
-        key: tuple[Hashable, ...] = (self.config, settings, *map(id, tensors))
+        key: tuple[Hashable, ...] = (self._config_key, settings, *map(id, tensors))
         hit: OracleResult | None = _ORACLE_CACHE.get(key)
         if hit is not None:
             return hit
         result = super().__call__(batch, grad=True, **options)
         remember(_ORACLE_CACHE, key, result, tensors)
         return result
+
+    @functools.cached_property
+    def _config_key(self) -> str:
+        """``repr(config)``, once per oracle: a string caches its hash, where a nested
+        frozen config rehashes every field at every lookup."""
+        return repr(self.config)
 
 
 _UNREAD = {

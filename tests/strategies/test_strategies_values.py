@@ -136,3 +136,24 @@ def test_fixed_sizes_are_respected(batch: Batch) -> None:
 def test_group_size_gives_whole_groups(batch: Batch) -> None:
     assert batch.batch_size in (3, 6, 9, 12)
     assert batch.rewards is not None and batch.group_ids is not None
+
+
+def test_the_aimed_column_pattern_of_every_width_is_its_own() -> None:
+    """Each width's ``(keep, centre)`` is a slice of one wider cached pattern: it must equal
+    the pattern built for that width alone (every aimed column ``c % stride == 0`` gets the
+    ``c // stride``-th log-ratio of the aim cycle, every other column keeps its gap)."""
+    from pytest_polgrad.strategies._values import _aim_logs, _column_pattern
+
+    aims = ((1.2, 1, 0.01), (0.8, -1, 0.001), (1.28, 1, 0.0001))
+    cycle = _aim_logs(aims).tolist()
+    for dtype in (torch.float32, torch.float64):
+        for stride in (1, 3, 5):
+            for width in (1, 2, 3, 255, 256, 257, 1000, 4096):
+                keep, centre = _column_pattern(width, stride, aims, dtype)
+                aimed = [c % stride == 0 for c in range(width)]
+                logs = [
+                    cycle[(c // stride) % len(cycle)] if a else 0.0 for c, a in enumerate(aimed)
+                ]
+                assert keep.shape == centre.shape == (width,)
+                assert keep.tolist() == [0.0 if a else 1.0 for a in aimed]
+                assert torch.equal(centre, torch.tensor(logs, dtype=torch.float64).to(dtype))
