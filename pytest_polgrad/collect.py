@@ -203,9 +203,16 @@ def _bind(fn: Callable[..., Any], params: Mapping[str, Any], label: str) -> Call
 
 
 def reference_hint(options: ConformanceOptions, message: str) -> str:
-    """``" (did you mean 'grpo'?)"`` for an unknown reference name in ``message``."""
+    """``" (did you mean ...?)"`` for ``message``, the error of resolving ``options``: the
+    closest choice to the value a "must be one of ..., got 'x'" message rejects, else the
+    closest registered name to an unknown reference; nothing for a reference the registry
+    knows (the error is about another argument)."""
+    if "did you mean" in message:
+        return ""
+    if m := re.search(r"must be one of (.*), got '([^']*)'", message):
+        return did_you_mean(m[2], re.findall(r"'([^']*)'", m[1]))
     ref = options.reference
-    if not isinstance(ref, str) or "did you mean" in message:
+    if not isinstance(ref, str):
         return ""
     known: list[str] = []
     if options.kind in ("policy_loss", "training_step"):
@@ -214,7 +221,7 @@ def reference_hint(options: ConformanceOptions, message: str) -> str:
         known = list(ALGORITHMS)
     elif m := re.search(r"(?:known|one of)[:]? (.*)$", message):
         known = re.findall(r"[\w.-]+", m[1])
-    return did_you_mean(ref, known)
+    return "" if ref in known else did_you_mean(ref, known)
 
 
 def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str, ...]:

@@ -1128,8 +1128,9 @@ def unstated_hint(match: Match, target: PolicyLossConfig, reference: object) -> 
     line = ", ".join(f"{k}={v}" for k, v in pairs.items())
     return (
         f" The only difference lies in constant(s) the source of {reference!r} does not "
-        f"publish: {'; '.join(said)}. This function uses {line}; declare it with "
-        f'@pytest.mark.polgrad_conforms("{reference}", {line}).'
+        f"publish: {'; '.join(said)}. This function uses {line}, not the registry's "
+        "value: if that is a mistake, it is the bug; if it is your setting, declare it "
+        f'with @pytest.mark.polgrad_conforms("{reference}", {line}).'
     )
 
 

@@ -79,6 +79,9 @@ def did_you_mean(name: object, choices: Iterable[str]) -> str:
     if not isinstance(name, str):
         return ""
     options = list(choices)
+    longer = [c for c in options if name and c.startswith(name) and c != name]
+    if 1 <= len(longer) <= 3:  # a prefix ('seq-mean'): every choice it begins
+        return f" (did you mean {' or '.join(map(repr, longer))}?)"
     close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
     if not close:
         return ""

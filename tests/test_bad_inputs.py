@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,37 @@ MARKER_CASES: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
 def test_bad_marker_options(args: tuple[Any, ...], kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(MarkerError, match=words):
         parse_marker(args, kwargs)
+
+
+CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "grpo",
+        {"aggregation": "seq-mean"},
+        r"\(did you mean 'seq-mean-token-mean' or 'seq-mean-token-sum'\?\)$",
+    ),
+    ("grpo", {"aggregation": "tokn-mean"}, r"got 'tokn-mean'.*did you mean 'token-mean'\?$"),
+    ("grpo", {"eps_low": -0.2}, r"got -0\.2$"),
+    ("grpo", {"eps_high": "0.28"}, r"got '0\.28'$"),
+    ("gpro", {}, r"unknown algorithm 'gpro' \(did you mean 'grpo'\?\)"),
+]
+
+
+@pytest.mark.parametrize(("reference", "kwargs", "words"), CONFIG_CASES)
+def test_a_bad_override_gets_a_hint_about_its_own_value(
+    reference: str, kwargs: dict[str, Any], words: str
+) -> None:
+    """The collection error of a marker whose reference config cannot be built: a value
+    outside a list of choices gets the closest choice, a known reference is never offered
+    as the fix for another argument's error (it was: "... got -0.2 (did you mean 'grpo'?)")."""
+    from pytest_polgrad.collect import reference_hint
+    from pytest_polgrad.engine import resolve_config
+
+    options = parse_marker((reference,), kwargs)
+    with pytest.raises((ValueError, TypeError)) as info:
+        resolve_config(options)
+    text = f"{info.value}{reference_hint(options, str(info.value))}"
+    assert re.search(words, text), text
+    assert reference == "gpro" or "did you mean 'grpo'" not in text
 
 
 def test_checks_given_as_a_string_is_one_check() -> None:

@@ -79,6 +79,8 @@ def test_an_eps_difference_quotes_the_eps_note() -> None:
         found.text
     )
     assert '@pytest.mark.polgrad_conforms("grpo", eps_low=0.3, eps_high=0.3)' in found.text
+    # a typo'd eps is not only told how to silence the failure
+    assert "not the registry's value: if that is a mistake, it is the bug" in found.text
 
 
 def test_eps_and_dual_clip_together_are_not_excused() -> None:
