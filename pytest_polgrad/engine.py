@@ -508,8 +508,10 @@ def _generic_report(
         out += ["", f"  diagnosis  {diagnosis}"]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
-    out += ["", "  reproduce (standalone):", ""]
-    out += kind.snippet(ctx, found.inputs, check).splitlines()  # flush left: it runs as printed
+    from .saved_snippets import reproduce_lines
+
+    out.append("")  # flush left: it runs as printed
+    out += reproduce_lines(kind.snippet(ctx, found.inputs, check), ctx.name, check.name)
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, match

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from . import saved_snippets
 from .collect import Target, targets
 from .notes import passing_notes
 from .options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
@@ -202,10 +203,39 @@ def pytest_configure(config: pytest.Config) -> None:
         "named polgrad reference semantics (see pytest-polgrad docs)",
     )
     config.stash[_SETTINGS] = read_settings(config)
+    config.stash[_SNIPPETS_BEFORE] = saved_snippets.current()
+    saved_snippets.save_under(_snippet_directory(config))
     config.pluginmanager.register(Reporter(config), "polgrad-reporter")
     from .guard import SnapshotGuard
 
     config.pluginmanager.register(SnapshotGuard(config), "polgrad-snapshot-guard")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SNIPPETS_BEFORE in config.stash:  # configure may have stopped before (a bad option)
+        saved_snippets.save_under(config.stash[_SNIPPETS_BEFORE])
+
+
+_SNIPPETS_BEFORE = pytest.StashKey[Callable[[], Path] | None]()
+
+
+def _snippet_directory(config: pytest.Config) -> Callable[[], Path]:
+    """``<basetemp>/polgrad`` for long reproduction snippets (:mod:`.saved_snippets`),
+    made at the first one: pytest keeps the last three basetemps, so the file outlives
+    the run. Looked up when needed: pytest's tmpdir plugin may configure after this one."""
+
+    def directory() -> Path:
+        factory = getattr(config, "_tmp_path_factory", None)  # tmp_path_factory's own
+        if factory is None:  # -p no:tmpdir
+            import tempfile
+
+            path = Path(tempfile.gettempdir()) / "pytest-polgrad"
+        else:
+            path = factory.getbasetemp() / "polgrad"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    return directory
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -8,6 +8,7 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from .reproduce import config_source, snippet
+from .saved_snippets import reproduce_lines
 from .target import Verdict
 
 if TYPE_CHECKING:
@@ -68,8 +69,8 @@ def failure_report(
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
     if batch is not None:  # the snippet's first comment says how to run it, as every kind's
-        out += ["", "  reproduce (standalone):", ""]
-        out += snippet(ctx, batch, check.name).splitlines()  # flush left: saved as printed, it runs
+        out.append("")  # flush left: saved as printed, it runs
+        out += reproduce_lines(snippet(ctx, batch, check.name), name, check.name)
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, summary

@@ -330,6 +330,12 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/test_expect_sizes.py::test_reason_table_and_json_agree_and_a_pin_at_the_printed_size_holds",
     ),
     Claim(
+        "a reproduction snippet too long to print is saved under pytest's basetemp, the "
+        "same text the report would print, and the report names the file",
+        "conformance.md",
+        "tests/test_saved_snippets.py::test_a_marked_function_saves_its_long_snippet_under_the_basetemp",
+    ),
+    Claim(
         "every bad input in the table gets its named error, never a traceback",
         "options.md",
         "tests/test_bad_inputs.py::test_the_count_of_bad_inputs",
