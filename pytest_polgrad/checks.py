@@ -45,6 +45,7 @@ class CheckFailure(AssertionError):
         numbers: list[tuple[str, str, str]] | None = None,
         entries: list[tuple[tuple[int, ...], float, float]] | None = None,
         error: float = math.inf,
+        columns: tuple[str, str] = ("expected", "actual"),
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -54,6 +55,8 @@ class CheckFailure(AssertionError):
         """``(quantity, expected, actual)`` rows."""
         self.entries = entries or []
         """Worst gradient entries: ``((b, t), expected, actual)``."""
+        self.columns = columns
+        """The headings of the two value columns (an input's ``before`` and ``after``)."""
 
 
 @dataclasses.dataclass
@@ -491,6 +494,7 @@ def check_inputs_unchanged(ctx: Context, batch: Batch) -> float:
                 f"the function modified its input {name} in place at {int(changed.sum())} "
                 f"position(s) (layout {ctx.options.layout!r})",
                 entries=[(p, float(before[p]), float(after[p])) for p in pos],
+                columns=("before", "after"),
             )
     return 0.0
 

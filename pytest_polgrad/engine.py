@@ -525,6 +525,7 @@ def _tables(exc: BaseException) -> list[str]:
         out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
     entries: Sequence[tuple[Any, float, float]] = getattr(exc, "entries", [])
     if entries:
-        out += ["", f"  {'position':<28} {'expected':>24} {'actual':>24}"]
+        first, second = getattr(exc, "columns", ("expected", "actual"))
+        out += ["", f"  {'position':<28} {first:>24} {second:>24}"]
         out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
     return out

@@ -74,6 +74,10 @@ class GoldenMismatch(pytest.fail.Exception):  # type: ignore[misc,name-defined]
     declared ``expect={"golden": ...}`` excuses (never a function that cannot be evaluated,
     a missing snapshot or a failed write)."""
 
+    # pytest's own outcomes do this: the short summary line reads "GoldenMismatch: golden
+    # ...", not a module path that the terminal width cuts to "pytest_polgrad.golde..."
+    __module__ = "builtins"
+
 
 def _note(request: pytest.FixtureRequest, **fields: object) -> None:
     """Add fields to the item's polgrad entry (for the summary and the JSON report)."""

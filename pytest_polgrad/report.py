@@ -54,8 +54,9 @@ def failure_report(
         out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
     entries = getattr(exc, "entries", [])
     if entries:
+        first, second = getattr(exc, "columns", ("expected", "actual"))
         out.append("")
-        out.append(f"  {'position (b, t)':<28} {'expected':>24} {'actual':>24}")
+        out.append(f"  {'position (b, t)':<28} {first:>24} {second:>24}")
         out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
     diagnosis = summary = ""
     if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
@@ -65,6 +66,15 @@ def failure_report(
             diagnosis = diagnosis.rstrip(".") + "." + elsewhere
             if elsewhere:  # the table must not read as if the function were its match
                 summary += " on the corpus only (not on the failing batch)"
+            cut = ignored_from(ctx, batch.as_kwargs())
+            if cut is not None:
+                diagnosis += (
+                    f" Its gradient is exactly 0 at every response token from position {cut} "
+                    "on, where the reference's is not, and before it only where the "
+                    f"reference's is: it ignores the tokens past the first {cut} of each row."
+                )
+                ignores = f"ignores tokens from position {cut} on"
+                summary = ignores if elsewhere or not summary else f"{summary}; {ignores}"
         out += ["", "  diagnosis  " + textwrap.fill(diagnosis, 88, subsequent_indent=" " * 13)]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
@@ -97,6 +107,33 @@ def _on_failing_batch(ctx: Context, batch: Any) -> str:
         f" That match does not hold on the failing batch (B={mask.shape[0]}, "
         f"T={mask.shape[1]}): the deviation depends on the batch's lengths, width or values."
     )
+
+
+def ignored_from(ctx: Context, batch: Any) -> int | None:
+    """The column ``c`` from which the function's gradient is exactly 0 at every response
+    token while the reference's is not (at one token at least), when before ``c`` it is 0
+    only where the reference's is: a loss that drops the tokens past the first ``c`` of
+    each row (a slice, a chunk limit). None otherwise, or when the call fails."""
+    import torch
+
+    try:
+        ev = ctx.fut.call(batch)
+    except Verdict:
+        return None
+    if ev.grad is None:
+        return None
+    ref = ctx.expected(batch)
+    mask = batch["response_mask"]
+    g = ev.grad.to(torch.float64)
+    live = (mask & (g != 0)).any(dim=0).nonzero()
+    cut = int(live.max()) + 1 if live.numel() else 0
+    if cut == 0 or cut >= mask.shape[1]:
+        return None
+    wanted = mask & (ref.grad != 0)
+    if not bool(wanted[:, cut:].any()):
+        return None
+    zero_before = wanted[:, :cut] & (g[:, :cut] == 0)  # a zero the reference has not
+    return None if bool(zero_before.any()) else cut
 
 
 def diagnosis_line(ctx: Context) -> tuple[str, str]:

@@ -190,6 +190,8 @@ def test_golden_lifecycle(project: pytest.Pytester, workers: list[str], n: int) 
     assert summary(result).endswith(f"{len(REMOVED)} snapshots unused.")
     out = result.stdout.str()
     assert re.search(r"loss_045 \(reference dapo\) does not match", out)
+    # the short summary names the failure, not a module path cut at the terminal's width
+    assert re.search(r"FAILED \S*loss_045\[dapo-golden\] - GoldenMismatch: golden", out), out
     assert re.search(r"  clip-boundaries/grad\[0,2\]: stored -0\.\d+, received 0 \(", out)
     assert f"{root / golden(45)} (- stored, + received):" in out
     assert f"no golden snapshot of loss_{n - 5:03d} (reference dapo) is recorded yet" in out
