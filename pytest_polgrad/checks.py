@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import weakref
 from collections.abc import Callable, Hashable, Mapping
 
 import torch
@@ -27,7 +26,7 @@ from polgrad_reference import (
 from .options import ConformanceOptions
 from .oracle import Oracle, OracleResult
 from .target import Evaluation, FunctionUnderTest, Verdict
-from .targets import SHARED_CALLS, CallStore
+from .targets import SHARED_CALLS, CallStore, remember
 from .tolerance import Comparison, Tolerance
 
 __all__ = ["CHECKS", "Check", "CheckFailure", "Context"]
@@ -211,11 +210,12 @@ def evaluate(ctx: Context, batch: Batch) -> Evaluation:
     store = SHARED_CALLS.get()
     if store is None:
         return ctx.fut.call(batch)
-    found = _stored(store, ctx, batch, "shared", pop=False)
+    key, tensors = _call_key(ctx, batch, "shared")
+    found = _stored(store, ctx, key, pop=False)
     if found is not None:
         return found
     ev = ctx.fut.call(batch)
-    _store(store, ctx, batch, "shared", ev)
+    _store(store, ctx, key, tensors, ev)
     return ev
 
 
@@ -229,10 +229,9 @@ def _call_key(
 
 
 def _stored(
-    store: CallStore, ctx: Context, batch: Batch, tag: str, *, pop: bool
+    store: CallStore, ctx: Context, key: tuple[Hashable, ...], *, pop: bool
 ) -> Evaluation | None:
-    """The ``tag`` call of this function on ``batch`` in ``store`` (None if not there)."""
-    key, _ = _call_key(ctx, batch, tag)
+    """This function's call under ``key`` in ``store`` (None if not there)."""
     hit = store.pop(key, None) if pop else store.get(key)
     if hit is not None and hit[0] is ctx.fut.fn:
         found: Evaluation = hit[1]
@@ -240,26 +239,14 @@ def _stored(
     return None
 
 
-def _store(store: CallStore, ctx: Context, batch: Batch, tag: str, ev: Evaluation) -> None:
-    key, tensors = _call_key(ctx, batch, tag)
-    remember(store, key, (ctx.fut.fn, dataclasses.replace(ev, inputs={}, before=None)), tensors)
-
-
-def remember(
-    store: CallStore, key: tuple[Hashable, ...], value: object, tensors: tuple[torch.Tensor, ...]
+def _store(
+    store: CallStore,
+    ctx: Context,
+    key: tuple[Hashable, ...],
+    tensors: tuple[torch.Tensor, ...],
+    ev: Evaluation,
 ) -> None:
-    """``store[key] = value`` until any of ``tensors`` (whose ids ``key`` holds) is freed,
-    so a key never names other tensors; the entry refers to ``store`` weakly."""
-    store[key] = value
-    owner = weakref.ref(store)
-    for t in tensors:
-        weakref.finalize(t, _forget, owner, key)
-
-
-def _forget(owner: weakref.ref[CallStore], key: tuple[Hashable, ...]) -> None:
-    store = owner()
-    if store is not None:
-        store.pop(key, None)
+    remember(store, key, (ctx.fut.fn, dataclasses.replace(ev, inputs={}, before=None)), tensors)
 
 
 def _value_of(ctx: Context, batch: Batch) -> Evaluation:
@@ -298,18 +285,11 @@ def check_value(ctx: Context, batch: Batch) -> float:
     return ctx.record(cmp, "value")
 
 
-def _clear(batch: Batch, ref: OracleResult) -> torch.Tensor:
-    """The response tokens off the clip kinks (the oracle's, computed once per batch)."""
-    if ref.clear is not None:
-        return ref.clear
-    return batch["response_mask"] & ~ref.ambiguous
-
-
 def _compare_grad(
     ctx: Context, batch: Batch, ev: Evaluation, ref: OracleResult, what: str
 ) -> float:
     assert ev.grad is not None
-    clear = _clear(batch, ref)
+    clear = ref.clear
     cmp, ratios = ctx.tolerance.tensor(
         ev.grad, ref.grad, ref.grad_scale, clear, native_scale=ref.grad_scale_native
     )
@@ -396,7 +376,7 @@ def _same_result(
     assert a.grad is not None and b.grad is not None
     ga, gb = a.grad.to(torch.float64), b.grad[:, :width].to(torch.float64)
     mask = batch["response_mask"]
-    clear = _clear(batch, ref)
+    clear = ref.clear
     k = _mass_ratio(ref.grad, ga, clear)
     own = max(abs(la), abs(lb)) if math.isfinite(la) and math.isfinite(lb) else 0.0
     cmp = ctx.tolerance.value(
@@ -482,7 +462,7 @@ def check_inputs_unchanged(ctx: Context, batch: Batch) -> float:
     assert ev.before is not None
     store = SHARED_CALLS.get()
     if store is not None:  # a fresh call on the batch: the deterministic check's second
-        _store(store, ctx, batch, "fresh", ev)
+        _store(store, ctx, *_call_key(ctx, batch, "fresh"), ev)
     for name, before in ev.before.items():
         after = ev.inputs[name].detach()
         if after.shape != before.shape or after.dtype != before.dtype:
@@ -506,7 +486,7 @@ def check_deterministic(ctx: Context, batch: Batch) -> float:
     that check ran on the batch with the same store, else a new one."""
     store = SHARED_CALLS.get()
     a = evaluate(ctx, batch)
-    b = None if store is None else _stored(store, ctx, batch, "fresh", pop=True)
+    b = None if store is None else _stored(store, ctx, _call_key(ctx, batch, "fresh")[0], pop=True)
     b = ctx.fut.call(batch) if b is None else b
     assert a.grad is not None and b.grad is not None
     if not bool(_bitwise_equal(a.loss, b.loss)):

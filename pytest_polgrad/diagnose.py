@@ -1029,8 +1029,7 @@ def _compare(
         v_native = None if v_native is None else v_native * float(rho.max())
         g_native = None if g_native is None else g_native * rho
     value = tolerance.value(loss, expected, scale, ref.n_tokens, native_scale=v_native).error
-    where = batch["response_mask"] & ~ref.ambiguous
-    g = tolerance.tensor(grad, g_ref, g_scale, where, native_scale=g_native)[0].error
+    g = tolerance.tensor(grad, g_ref, g_scale, ref.clear, native_scale=g_native)[0].error
     return value, g
 
 

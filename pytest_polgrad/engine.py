@@ -15,15 +15,24 @@ Hypothesis example database is not used: nothing the user stored there is read o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-from .targets import SHARED_CALLS, CallStore, Diagnosis, Kind, KindCheck, KindContext, get_kind
+from .targets import (
+    SHARED_CALLS,
+    CallStore,
+    Diagnosis,
+    Kind,
+    KindCheck,
+    KindContext,
+    get_kind,
+    remember,
+)
 
 __all__ = [
     "CheckResult",
@@ -259,11 +268,8 @@ def prepared(check: KindCheck, inputs: Any) -> Any:
     if key in _PREPARED:
         return _PREPARED[key]
     made = prepare(inputs)
-    try:  # the entry goes with the input, before its id can name another one
-        weakref.finalize(inputs, _PREPARED.pop, key, None)
-    except TypeError:  # an input that takes no weak reference is prepared every time
-        return made
-    _PREPARED[key] = made
+    with contextlib.suppress(TypeError):  # an input without weak references: every time
+        remember(_PREPARED, key, made, (inputs,))
     return made
 
 
@@ -488,6 +494,8 @@ def _generic_report(
     diagnose: bool,
 ) -> tuple[str, str, str]:
     """A report from the contract alone: property, verdict, numbers, diagnosis, snippet."""
+    from .report import value_tables
+    from .saved_snippets import reproduce_lines
     from .target import Verdict
 
     exc = found.exc
@@ -500,7 +508,7 @@ def _generic_report(
         f"  {label:<10} {exc}",
         f"  inputs     {found.inputs.describe()} ({how})",
     ]
-    out += _tables(exc)
+    out += value_tables(exc, "position")
     diagnosis = match = ""
     if diagnose and check.semantic and not isinstance(exc, Verdict):
         d: Diagnosis = kind.diagnose(ctx, found.inputs)
@@ -508,24 +516,8 @@ def _generic_report(
         out += ["", f"  diagnosis  {diagnosis}"]
     if ctx.notes:
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
-    from .saved_snippets import reproduce_lines
-
     out.append("")  # flush left: it runs as printed
     out += reproduce_lines(kind.snippet(ctx, found.inputs, check), ctx.name, check.name)
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, match
-
-
-def _tables(exc: BaseException) -> list[str]:
-    out: list[str] = []
-    numbers: Sequence[tuple[str, str, str]] = getattr(exc, "numbers", [])
-    if numbers:
-        out += ["", f"  {'quantity':<28} {'expected':>24} {'actual':>24}"]
-        out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
-    entries: Sequence[tuple[Any, float, float]] = getattr(exc, "entries", [])
-    if entries:
-        first, second = getattr(exc, "columns", ("expected", "actual"))
-        out += ["", f"  {'position':<28} {first:>24} {second:>24}"]
-        out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
-    return out

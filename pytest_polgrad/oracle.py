@@ -51,6 +51,8 @@ class OracleResult:
     """Tokens within rounding distance of a clip kink, ``[B, T]`` bool: their gradient
     legitimately jumps between branches, so only finiteness is required there."""
     n_tokens: int
+    clear: torch.Tensor
+    """``response_mask & ~ambiguous``: the response tokens whose gradient is compared."""
     value_scale_native: float = 0.0
     """``value_scale`` for arithmetic in the input dtype itself (inputs exact, only the
     log-ratio rounds): ``cond`` becomes ``1 + max_t |lr_t|``."""
@@ -64,8 +66,6 @@ class OracleResult:
     undecided: bool = False
     """A rollout-IS keep/drop decision (mask or zero mode) lies within rounding distance
     of its band: the loss jumps there, so the batch cannot be judged at this precision."""
-    clear: torch.Tensor | None = None
-    """``response_mask & ~ambiguous``: the response tokens whose gradient is compared."""
     kinked: bool = True
     """Whether any token is ``ambiguous`` (False: finiteness there needs no separate test)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .reproduce import config_source, snippet
@@ -14,7 +15,14 @@ from .target import Verdict
 if TYPE_CHECKING:
     from .checks import Check, Context
 
-__all__ = ["config_source", "failure_report", "repeated_verdict", "snippet", "verdict_key"]
+__all__ = [
+    "config_source",
+    "failure_report",
+    "repeated_verdict",
+    "snippet",
+    "value_tables",
+    "verdict_key",
+]
 
 SEMANTIC_CHECKS = frozenset({"value", "gradient", "on-policy", "padding-columns", "micro-batch"})
 """Checks whose failure means 'computes other semantics', so a diagnosis is worth running."""
@@ -24,6 +32,22 @@ def _batch_line(batch: Any) -> str:
     mask = batch.as_kwargs()["response_mask"]
     lengths = mask.sum(dim=1).tolist()
     return f"B={mask.shape[0]}, T={mask.shape[1]}, response lengths {lengths}"
+
+
+def value_tables(exc: BaseException, position: str) -> list[str]:
+    """The report's tables of a failure: its ``numbers`` (quantity, expected, actual) and
+    its ``entries`` (``position``, then the two value columns it names)."""
+    out: list[str] = []
+    numbers: Sequence[tuple[str, str, str]] = getattr(exc, "numbers", [])
+    if numbers:
+        out += ["", f"  {'quantity':<28} {'expected':>24} {'actual':>24}"]
+        out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
+    entries: Sequence[tuple[Any, float, float]] = getattr(exc, "entries", [])
+    if entries:
+        first, second = getattr(exc, "columns", ("expected", "actual"))
+        out += ["", f"  {position:<28} {first:>24} {second:>24}"]
+        out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
+    return out
 
 
 def failure_report(
@@ -47,17 +71,7 @@ def failure_report(
     ]
     if batch is not None:
         out.append(f"  batch      {_batch_line(batch)} (the smallest Hypothesis found)")
-    numbers = getattr(exc, "numbers", [])
-    if numbers:
-        out.append("")
-        out.append(f"  {'quantity':<28} {'expected':>24} {'actual':>24}")
-        out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
-    entries = getattr(exc, "entries", [])
-    if entries:
-        first, second = getattr(exc, "columns", ("expected", "actual"))
-        out.append("")
-        out.append(f"  {'position (b, t)':<28} {first:>24} {second:>24}")
-        out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
+    out += value_tables(exc, "position (b, t)")
     diagnosis = summary = ""
     if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
         diagnosis, summary = diagnosis_line(ctx)

@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ __all__ = [
     "KindCheck",
     "KindContext",
     "get_kind",
+    "remember",
 ]
 
 
@@ -51,6 +53,27 @@ class CallStore(dict[Any, Any]):
     """Results of calls on batches, kept while the batches live: one function's calls
     shared between its checks (see :data:`SHARED_CALLS`), or the oracle's. A dict that
     entries can refer to weakly, so a store lives only as long as its owner."""
+
+
+def remember(
+    store: CallStore, key: tuple[Hashable, ...], value: object, owners: tuple[object, ...]
+) -> None:
+    """``store[key] = value`` until any of ``owners`` (the tensors or inputs whose ids
+    ``key`` holds) is freed, so a key never names other objects; the entry refers to
+    ``store`` weakly. ``TypeError`` (nothing stored) for an owner that takes no weak
+    reference."""
+    for owner in owners:
+        weakref.ref(owner)
+    store[key] = value
+    ref = weakref.ref(store)
+    for owner in owners:
+        weakref.finalize(owner, _forget, ref, key)
+
+
+def _forget(ref: weakref.ref[CallStore], key: tuple[Hashable, ...]) -> None:
+    store = ref()
+    if store is not None:
+        store.pop(key, None)
 
 
 SHARED_CALLS: contextvars.ContextVar[CallStore | None] = contextvars.ContextVar(

@@ -24,7 +24,7 @@ import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm
 
-from ..checks import CHECKS, Check, Context, remember
+from ..checks import CHECKS, Check, Context
 from ..corpus import canonical_corpus
 from ..options import ConformanceOptions, override_keys
 from ..oracle import Oracle, OracleResult
@@ -35,7 +35,7 @@ from ..strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
 from ..strategies._values import _column_aims, base_floor
 from ..target import FunctionUnderTest, SignatureError
 from ..tolerance import Tolerance
-from . import CallStore, Diagnosis, KindCheck
+from . import CallStore, Diagnosis, KindCheck, remember
 
 __all__ = [
     "KIND",
