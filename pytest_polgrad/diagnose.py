@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -203,14 +204,25 @@ _CLASSIC_SURROGATES = (
 _CLASSIC_RATIOS = (RatioKind.TOKEN, RatioKind.SEQUENCE, RatioKind.SEQUENCE_TOKEN)
 
 
-def _usable(cfg: PolicyLossConfig, fut: FunctionUnderTest) -> bool:
+class _Takes(Protocol):
+    """What the candidate space reads of a function under test: the optional tensors it
+    takes (:class:`FunctionUnderTest` has both)."""
+
+    @property
+    def takes_ref(self) -> bool: ...
+
+    @property
+    def takes(self) -> tuple[str, ...]: ...
+
+
+def _usable(cfg: PolicyLossConfig, fut: _Takes) -> bool:
     """A candidate needs only the tensors the function receives."""
     if cfg.kl_in_loss and not fut.takes_ref:
         return False
     return cfg.is_correction is None or "rollout_logprobs" in fut.takes
 
 
-def _registry_losses(fut: FunctionUnderTest) -> list[PolicyLossConfig]:
+def _registry_losses(fut: _Takes) -> list[PolicyLossConfig]:
     """Every registry entry's loss (its as-loss KL dropped when the function cannot
     receive ``ref_logprobs``, its IS correction when it cannot receive rollout ones)."""
     out = []
@@ -249,10 +261,35 @@ def _with_aggregation(cfg: PolicyLossConfig, agg: Aggregation) -> PolicyLossConf
     return _replace(cfg, aggregation=agg, budget=budget)
 
 
-def _first_pass(target: PolicyLossConfig, fut: FunctionUnderTest) -> Iterator[PolicyLossConfig]:
+def _first_pass(target: PolicyLossConfig, fut: FunctionUnderTest) -> tuple[PolicyLossConfig, ...]:
     """The classic loss algebra (ratio x PPO-clip/PG/REINFORCE/CISPO x clip x aggregation
     x KL on/off), then every other surrogate the reference offers and every registry
-    loss, each under every aggregation."""
+    loss, each under every aggregation. It depends on the function only through the
+    optional tensors it takes, so it is built once per (target, those) in a process (some
+    two thousand validated configs: about 20 ms a diagnosis)."""
+    return _first_pass_of(target, fut.takes_ref, "rollout_logprobs" in fut.takes)
+
+
+@functools.lru_cache(maxsize=64)
+def _first_pass_of(
+    target: PolicyLossConfig, takes_ref: bool, takes_rollout: bool
+) -> tuple[PolicyLossConfig, ...]:
+    return tuple(_generate_first_pass(target, _Inputs(takes_ref, takes_rollout)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inputs:
+    """The optional tensors a function takes, as the candidate space reads them."""
+
+    takes_ref: bool
+    takes_rollout: bool
+
+    @property
+    def takes(self) -> tuple[str, ...]:
+        return ("rollout_logprobs",) if self.takes_rollout else ()
+
+
+def _generate_first_pass(target: PolicyLossConfig, fut: _Takes) -> Iterator[PolicyLossConfig]:
     kls = [target.kl, None] if target.kl_in_loss else [None]
     for ratio, surr, clip, agg, kl in itertools.product(
         _CLASSIC_RATIOS, _CLASSIC_SURROGATES, _clips(target), Aggregation, kls
@@ -364,6 +401,13 @@ _T = TypeVar("_T")
 
 def _key(m: Match) -> _Key:
     return m.config, m.padded_width_budget, m.divisor
+
+
+@functools.lru_cache(maxsize=4096)
+def _with_budget(cfg: PolicyLossConfig, budget: int) -> PolicyLossConfig:
+    """``cfg`` with the token-sum budget ``budget`` (a batch's padded width), once per
+    process: every diagnosis scores the same candidates on the same corpus widths."""
+    return cfg.replace(budget=budget)
 
 
 def _padded_options(cfg: PolicyLossConfig) -> list[bool]:
@@ -691,7 +735,7 @@ class _Scorer:
 
     def _per_batch(self, cfg: PolicyLossConfig, padded: bool) -> dict[str, PolicyLossConfig]:
         return {
-            name: cfg.replace(budget=batch["response_mask"].shape[1]) if padded else cfg
+            name: _with_budget(cfg, batch["response_mask"].shape[1]) if padded else cfg
             for name, batch in self.corpus.items()
         }
 

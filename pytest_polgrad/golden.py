@@ -32,6 +32,20 @@ def _own_scale(values: torch.Tensor) -> torch.Tensor:
     return v.abs() + v.abs().max()
 
 
+_GOLDEN_CORPORA: dict[tuple[torch.dtype, str], dict[str, dict[str, torch.Tensor]]] = {}
+
+
+def _golden_corpus(dtype: torch.dtype, advantages: str) -> dict[str, dict[str, torch.Tensor]]:
+    """The canonical corpus, built once per process for every golden item: the same
+    tensors each time, so the shared oracle's per-batch cache computes each reference
+    result once for every function (a fresh corpus per item missed it every time). The
+    function under test receives clones; nothing here writes to them."""
+    key = (dtype, advantages)
+    if key not in _GOLDEN_CORPORA:
+        _GOLDEN_CORPORA[key] = canonical_corpus(dtype=dtype, advantages=advantages)
+    return _GOLDEN_CORPORA[key]
+
+
 def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant:
     """Evaluate ``fn`` on the canonical corpus: ``{batch: {"loss": ..., "grad": ...}}`` with
     the tolerance the engine would apply (scales and clip kinks from the reference oracle).
@@ -39,7 +53,7 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
     Raises :class:`~pytest_polgrad.target.Verdict` naming the batch when ``fn`` misbehaves.
     """
     ctx = build_context(fn, options)
-    corpus = canonical_corpus(dtype=ctx.tolerance.input_dtype, advantages=options.advantages)
+    corpus = _golden_corpus(ctx.tolerance.input_dtype, options.advantages)
     data: dict[str, dict[str, torch.Tensor]] = {}
     scales: dict[str, EntryScale] = {}
     for name, batch in corpus.items():
