@@ -143,9 +143,12 @@ def generation_batch_count(
     return tok.sum() / (generation_tokens / world_size)
 
 
-def _run(fn, check: str, reference: str = "dapo", examples: int = 15, **options) -> CheckResult:
+def _run(
+    fn, check: str, reference: str = "dapo", examples: int = 15, *, diagnose=True, **options
+) -> CheckResult:
     opts = ConformanceOptions(reference, kind="training_step", **options)
-    return run_check(build_context(fn, opts), check, max_examples=examples, base_seed=0)
+    ctx = build_context(fn, opts)
+    return run_check(ctx, check, max_examples=examples, base_seed=0, diagnose=diagnose)
 
 
 CORRECT = [
@@ -205,7 +208,7 @@ def test_mutants_pass_where_their_bug_cannot_show() -> None:
     """No false alarm: one micro-batch on one rank hides every scaling bug above except
     the padded torch.mean (which divides by padding) -- the checks agree."""
     for fn, _, _ in MUTANTS:
-        result = _run(fn, "full-batch")
+        result = _run(fn, "full-batch", diagnose=False)  # verdicts only
         assert result.passed is (fn is not torch_mean_bypass), (fn.__name__, result.message)
 
 
@@ -376,4 +379,7 @@ def test_a_bfloat16_fed_step_that_upcasts_is_judged_at_float32_with_strict(check
         good = _run(_upcast(token_mean_step), check, dtype="bfloat16", strict=strict)
         assert good.passed, good.report
     assert _run(_upcast(scaled_2_percent_step), check, dtype="bfloat16").passed
-    assert not _run(_upcast(scaled_2_percent_step), check, dtype="bfloat16", strict=True).passed
+    wrong = _run(
+        _upcast(scaled_2_percent_step), check, dtype="bfloat16", strict=True, diagnose=False
+    )
+    assert not wrong.passed
