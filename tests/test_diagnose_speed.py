@@ -138,6 +138,22 @@ def test_a_second_diagnosis_reuses_the_references_and_says_the_same(cold: None, 
     assert sum(_REFERENCES.computed.values()) == computed  # nothing evaluated again
 
 
+def test_the_candidate_space_is_built_once_for_the_same_target_and_inputs(cold: None) -> None:
+    """The first pass's configs depend on the function only through the optional tensors
+    it takes: a second diagnosis against the same target reuses them (and says the same)."""
+    from pytest_polgrad import diagnose as d
+
+    d._first_pass_of.cache_clear()
+    first = _explain(_grpo(1.0), "float64")
+    assert d._first_pass_of.cache_info().misses == 1
+    assert _explain(_grpo(1.0), "float64") == first
+    info = d._first_pass_of.cache_info()
+    assert (info.misses, info.hits) == (1, 1)
+    ctx = build_context(_grpo(1.0), parse_marker(("grpo",), {}))
+    built = list(d._generate_first_pass(ctx.config, ctx.fut))
+    assert list(d._first_pass(ctx.config, ctx.fut)) == built  # the same configs, in order
+
+
 def test_references_are_not_shared_across_input_dtypes(bf16_case: _Case) -> None:
     # the corpus in bfloat16 is another set of tensors: a float64 diagnosis first must not
     # change the bfloat16 one

@@ -13,6 +13,7 @@ import torch
 
 from pytest_polgrad import assert_conforms, engine
 from pytest_polgrad.api import ConformanceError
+from pytest_polgrad.corpus import canonical_corpus
 from pytest_polgrad.engine import NON_DETERMINISTIC, build_context, checks_for, run_check
 from pytest_polgrad.options import parse_marker
 from tests import sample_losses as L
@@ -148,6 +149,45 @@ def test_a_prepared_check_computes_each_reference_once_for_every_function(
     )
     assert again.passed and again.examples == first.examples
     assert calls[0] == 0
+
+
+def test_golden_items_compute_each_reference_once_for_every_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every golden item evaluates on the same corpus tensors (built once per process), so
+    a second function's golden data finds every reference result in the oracle's cache;
+    the stored values are the ones a fresh corpus gives."""
+    from pytest_polgrad import golden
+    from pytest_polgrad.oracle import Oracle
+
+    monkeypatch.setattr(golden, "_GOLDEN_CORPORA", {})
+    calls = [0]
+    real = Oracle.__call__
+
+    def counting(self: Oracle, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Oracle, "__call__", counting)
+    opts = parse_marker(("dapo",), {})
+    first = golden.golden_data(L.dapo, opts)
+    assert calls[0] == len(canonical_corpus())
+    calls[0] = 0
+    def another_dapo(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        out: Tensor = L.dapo(logprobs, old_logprobs, advantages, response_mask)
+        return out
+
+    again = golden.golden_data(another_dapo, opts)
+    assert calls[0] == 0
+    fresh = canonical_corpus()  # new tensors: the values a golden item stored before
+    fut = build_context(L.dapo, opts).fut
+    assert isinstance(first.data, dict) and isinstance(again.data, dict)
+    for name, values in first.data.items():
+        ev = fut.call(fresh[name], grad=True)
+        for got in (values, again.data[name]):
+            assert torch.equal(got["loss"], ev.loss) and torch.equal(got["grad"], ev.grad)
 
 
 def test_examples_count_what_ran() -> None:
