@@ -173,6 +173,7 @@ def test_golden_items_compute_each_reference_once_for_every_function(
     first = golden.golden_data(L.dapo, opts)
     assert calls[0] == len(canonical_corpus())
     calls[0] = 0
+
     def another_dapo(
         logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
     ) -> Tensor:
