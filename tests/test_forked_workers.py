@@ -7,6 +7,7 @@ shows its workers forked and hashing differently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -132,16 +133,40 @@ def test_a_keeper_that_dies_takes_its_worker_along_and_the_launcher_exits_1() ->
 
 def test_a_signal_to_the_launcher_reaches_the_worker() -> None:
     handler = (
-        "import signal, sys, time\n"
+        "import os, signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('terminated'), sys.exit(5)))\n"
-        "print('ready', flush=True)\n"
+        "print('ready', os.getpid(), flush=True)\n"
         "time.sleep(60)\n"
     )
     proc = _launch(handler)
-    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    assert proc.stdout is not None
+    ready, worker = proc.stdout.readline().split()
+    assert ready == "ready"
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # once in CI (2026-12-01), never reproduced since
+        states = {who: _state(pid) for who, pid in (("launcher", proc.pid), ("worker", worker))}
+        proc.kill()
+        with contextlib.suppress(OSError):
+            os.kill(int(worker), signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"no exit 60 s after SIGTERM: {states}; stdout {out!r}; stderr {err!r}")
     assert proc.returncode == 5 and out == "terminated\n"
+
+
+def _state(pid: int | str) -> str:
+    """A process's state, what it waits in, and its pending, blocked, ignored and caught
+    signals (for a failure message)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"gone ({exc.strerror})"
+    fields = ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    signals = [" ".join(line.split()) for line in status if line.startswith(fields)]
+    return f"state {stat}, waiting in {wchan or '-'}, {'; '.join(signals)}"
 
 
 def test_a_launcher_killed_outright_takes_its_worker_along() -> None:
