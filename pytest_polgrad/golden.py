@@ -16,11 +16,12 @@ import pytest
 import torch
 from syrupy.assertion import SnapshotAssertion
 
-from .corpus import canonical_corpus, corpus_version
+from .corpus import corpus_version
 from .engine import build_context, kind_of
 from .options import ConformanceOptions, MarkerError
 from .snapshot import RETAIN, EntryScale, PolgradSnapshotExtension, Tolerant, write_error
 from .target import Verdict
+from .targets.policy_loss import whole_corpus
 
 __all__ = ["GoldenMismatch", "golden_data", "golden_test"]
 
@@ -32,20 +33,6 @@ def _own_scale(values: torch.Tensor) -> torch.Tensor:
     return v.abs() + v.abs().max()
 
 
-_GOLDEN_CORPORA: dict[tuple[torch.dtype, str], dict[str, dict[str, torch.Tensor]]] = {}
-
-
-def _golden_corpus(dtype: torch.dtype, advantages: str) -> dict[str, dict[str, torch.Tensor]]:
-    """The canonical corpus, built once per process for every golden item: the same
-    tensors each time, so the shared oracle's per-batch cache computes each reference
-    result once for every function (a fresh corpus per item missed it every time). The
-    function under test receives clones; nothing here writes to them."""
-    key = (dtype, advantages)
-    if key not in _GOLDEN_CORPORA:
-        _GOLDEN_CORPORA[key] = canonical_corpus(dtype=dtype, advantages=advantages)
-    return _GOLDEN_CORPORA[key]
-
-
 def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant:
     """Evaluate ``fn`` on the canonical corpus: ``{batch: {"loss": ..., "grad": ...}}`` with
     the tolerance the engine would apply (scales and clip kinks from the reference oracle).
@@ -53,10 +40,13 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
     Raises :class:`~pytest_polgrad.target.Verdict` naming the batch when ``fn`` misbehaves.
     """
     ctx = build_context(fn, options)
-    corpus = _golden_corpus(ctx.tolerance.input_dtype, options.advantages)
+    # the kind's per-process corpus, every tensor kept: the same tensors for every golden
+    # item, so the shared oracle computes each reference result once for every function
+    corpus = whole_corpus(ctx.tolerance.input_dtype, options.advantages)
     data: dict[str, dict[str, torch.Tensor]] = {}
     scales: dict[str, EntryScale] = {}
-    for name, batch in corpus.items():
+    for name, whole in corpus.items():
+        batch = whole.as_kwargs()
         try:
             result = ctx.fut.call(batch, grad=True)
         except Verdict as exc:

@@ -159,8 +159,9 @@ def test_golden_items_compute_each_reference_once_for_every_function(
     the stored values are the ones a fresh corpus gives."""
     from pytest_polgrad import golden
     from pytest_polgrad.oracle import Oracle
+    from pytest_polgrad.targets import policy_loss
 
-    monkeypatch.setattr(golden, "_GOLDEN_CORPORA", {})
+    monkeypatch.setattr(policy_loss, "_CORPORA", {})  # no corpus yet in this process
     calls = [0]
     real = Oracle.__call__
 

@@ -324,6 +324,13 @@ def _corpus(
     return _CORPORA[key]
 
 
+def whole_corpus(dtype: torch.dtype, advantages: str) -> dict[str, Batch]:
+    """The canonical corpus with every tensor it has, as golden items evaluate it: built
+    once per process like the checks' corpus, so the oracle's per-batch cache serves
+    every function's golden item (a fresh corpus per item missed it every time)."""
+    return _corpus(dtype, advantages, False, frozenset())
+
+
 def _realistic_extents(rng: random.Random, rows: int, width: int) -> tuple[int, ...]:
     if rows == 1:
         return (width,)
