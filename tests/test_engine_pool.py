@@ -121,14 +121,12 @@ def test_the_pool_is_drawn_once_for_every_check_and_function(
     assert len(draws) == 2  # another domain, another pool
 
 
-def test_a_prepared_check_computes_each_reference_once_for_every_function(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """'on-policy' prepares each pooled batch (old = logprobs) once while it lives, so a
-    second function's check finds every reference result in the oracle's cache."""
+@pytest.fixture
+def oracle_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``[n]``: how many times the reference oracle itself has run (cache hits excluded:
+    the shared oracle calls it only on a miss); reset it by assigning ``calls[0] = 0``."""
     from pytest_polgrad.oracle import Oracle
 
-    engine.clear_pools()
     calls = [0]
     real = Oracle.__call__
 
@@ -137,6 +135,16 @@ def test_a_prepared_check_computes_each_reference_once_for_every_function(
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Oracle, "__call__", counting)
+    return calls
+
+
+def test_a_prepared_check_computes_each_reference_once_for_every_function(
+    oracle_calls: list[int],
+) -> None:
+    """'on-policy' prepares each pooled batch (old = logprobs) once while it lives, so a
+    second function's check finds every reference result in the oracle's cache."""
+    engine.clear_pools()
+    calls = oracle_calls
     opts = parse_marker(("dapo",), {"max_batch": 4, "max_length": 16})
     first = run_check(build_context(L.dapo, opts), "on-policy", max_examples=12, base_seed=9)
     assert first.passed and calls[0] > 0
@@ -152,24 +160,16 @@ def test_a_prepared_check_computes_each_reference_once_for_every_function(
 
 
 def test_golden_items_compute_each_reference_once_for_every_function(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, oracle_calls: list[int]
 ) -> None:
     """Every golden item evaluates on the same corpus tensors (built once per process), so
     a second function's golden data finds every reference result in the oracle's cache;
     the stored values are the ones a fresh corpus gives."""
     from pytest_polgrad import golden
-    from pytest_polgrad.oracle import Oracle
     from pytest_polgrad.targets import policy_loss
 
     monkeypatch.setattr(policy_loss, "_CORPORA", {})  # no corpus yet in this process
-    calls = [0]
-    real = Oracle.__call__
-
-    def counting(self: Oracle, *args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Oracle, "__call__", counting)
+    calls = oracle_calls
     opts = parse_marker(("dapo",), {})
     first = golden.golden_data(L.dapo, opts)
     assert calls[0] == len(canonical_corpus())
@@ -193,8 +193,6 @@ def test_golden_items_compute_each_reference_once_for_every_function(
 
 
 def test_examples_count_what_ran() -> None:
-    from pytest_polgrad.corpus import canonical_corpus
-
     corpus = len(canonical_corpus())  # the corpus batches always run
     opts = parse_marker(("dapo",), {})
     for budget in (1, 5, 20, 60):
