@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ._advantages import advantages
 from ._batch import Batch
-from ._build import build
+from ._build import build, build_many
 from ._configs import algorithm_names, loss_configs
 from ._domain import DEFAULT_CLIPS, DOMAINS, EXTREME, SEMANTIC, SUPPORTED_DTYPES, Domain
 from ._draw import batches
@@ -55,6 +55,7 @@ __all__ = [
     "algorithm_names",
     "batches",
     "build",
+    "build_many",
     "groups",
     "left_to_right",
     "lengths",

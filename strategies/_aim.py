@@ -11,7 +11,10 @@ implementation that computes ``exp(lp - old)`` in that dtype sees the same side.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from hypothesis import strategies as st
@@ -23,9 +26,10 @@ from ._plan import SeqTarget, TokenTarget, stream
 __all__ = [
     "DELTAS",
     "Aim",
+    "SeqRow",
     "aim_options",
     "aimed_log_ratio",
-    "apply_seq_target",
+    "apply_seq_targets",
     "apply_token_targets",
     "draw_aim",
 ]
@@ -121,58 +125,84 @@ def _small(dtype: torch.dtype) -> bool:
 
 
 def apply_token_targets(
-    lp: torch.Tensor, old: torch.Tensor, base: torch.Tensor, targets: tuple[TokenTarget, ...]
+    lp: torch.Tensor,
+    old: torch.Tensor,
+    base: torch.Tensor,
+    targets: Sequence[tuple[TokenTarget, int]],
 ) -> None:
-    """Write every token target exactly, in one indexed write per tensor."""
+    """Write every token target exactly at its index into the flat buffers, in one
+    indexed write per buffer."""
     if not targets:
         return
     dtype = lp.dtype
-    rows = torch.tensor([t.row for t in targets], dtype=torch.int64)
-    cols = torch.tensor([t.col for t in targets], dtype=torch.int64)
-    bases = [0.0] * len(targets) if _small(dtype) else base[rows, cols].tolist()
+    at = torch.tensor([i for _, i in targets], dtype=torch.int64)
+    bases = [0.0] * len(targets) if _small(dtype) else base[at].tolist()
     olds, lps = [], []
-    for t, b in zip(targets, bases, strict=True):
+    for (t, _), b in zip(targets, bases, strict=True):
         q = _quantum(abs(b) + 2.0 * (abs(math.log(t.boundary)) + 0.05) + 0.01, dtype)
         q = _aim_quantum(t.boundary, t.delta, q)
         o, v = _exact_pair(b, _target_gap(t.boundary, t.side, t.delta, q, dtype), q)
         olds.append(o)
         lps.append(v)
-    old[rows, cols] = torch.tensor(olds, dtype=torch.float64).to(dtype)
-    lp[rows, cols] = torch.tensor(lps, dtype=torch.float64).to(dtype)
+    old[at] = torch.tensor(olds, dtype=torch.float64).to(dtype)
+    lp[at] = torch.tensor(lps, dtype=torch.float64).to(dtype)
 
 
-def apply_seq_target(
-    lp: torch.Tensor,
-    old: torch.Tensor,
-    base: torch.Tensor,
-    target: SeqTarget,
-    cols: list[int],
-    seed: int,
-    max_log_ratio: float,
-) -> None:
-    """Row ``target.row``: the mean log-ratio over ``cols`` is exactly the aimed one."""
-    dtype = lp.dtype
-    # a row without holes is a prefix: a slice, cheaper than gathering by an index tensor
-    index: slice | torch.Tensor = (
-        slice(0, len(cols)) if cols and cols[-1] == len(cols) - 1 else torch.tensor(cols)
-    )
-    row_base = base[target.row, index].to(torch.float64)
-    if _small(dtype):
-        row_base = torch.zeros_like(row_base)
+class SeqRow(NamedTuple):
+    """A sequence target with the flat indices of its row's response tokens."""
+
+    target: SeqTarget
+    at: list[int]
+    seed: int
+    max_log_ratio: float
+
+
+def _row_gaps(row: SeqRow, peak: float, dtype: torch.dtype) -> tuple[float, float | torch.Tensor]:
+    """``(q, gaps)`` of one row whose base values reach ``-peak``: the quantum and the
+    aimed log-ratio, or with noise the per-token log-ratios (multiples of ``q`` around
+    it, so the row mean is exactly the aimed one)."""
+    target, n = row.target, len(row.at)
     centre = abs(math.log(target.boundary)) + 0.05
-    noise = max(0.0, min(target.noise, (max_log_ratio - centre) / 2.0))
-    q = _quantum(float(row_base.abs().max()) + 2.0 * (centre + 2.0 * noise) + 0.01, dtype)
+    noise = max(0.0, min(target.noise, (row.max_log_ratio - centre) / 2.0))
+    q = _quantum(peak + 2.0 * (centre + 2.0 * noise) + 0.01, dtype)
     q = _aim_quantum(target.boundary, target.delta, q)
     gap = _target_gap(target.boundary, target.side, target.delta, q, dtype)
-    gaps: float | torch.Tensor = gap
-    if noise > 0.0 and len(cols) > 1:
-        u = torch.rand(len(cols), generator=stream(seed, 64 + target.row), dtype=torch.float64)
-        n = torch.round(noise * (u - u.mean()) / q) * q
-        n[-1] -= n.sum()  # multiples of q: the sum is exact, so the row mean is exact
-        gaps = n.add_(gap)
-    positive = gaps.clamp(min=0.0) if isinstance(gaps, torch.Tensor) else max(gap, 0.0)
-    o = torch.floor((row_base - positive) / q) * q
-    v = o + gaps
+    if noise <= 0.0 or n <= 1:
+        return q, gap
+    u = torch.rand(n, generator=stream(row.seed, 64 + target.row), dtype=torch.float64)
+    noisy = torch.round(noise * (u - u.mean()) / q) * q
+    noisy[-1] -= noisy.sum()  # multiples of q: the sum is exact, so the row mean is exact
+    return q, noisy.add_(gap)
+
+
+def apply_seq_targets(
+    lp: torch.Tensor, old: torch.Tensor, base: torch.Tensor, rows: Sequence[SeqRow]
+) -> None:
+    """Each row's mean log-ratio over its response tokens is exactly the aimed one: every
+    row's values computed together and written in one indexed write per flat buffer."""
+    if not rows:
+        return
+    dtype = lp.dtype
+    at = torch.tensor([i for row in rows for i in row.at], dtype=torch.int64)
+    lengths = [len(row.at) for row in rows]
+    row_base = base[at].to(torch.float64)
+    if _small(dtype):
+        row_base = torch.zeros_like(row_base)
+    counts = torch.tensor(lengths)
+    owner = torch.arange(len(rows)).repeat_interleave(counts)
+    peaks = torch.zeros(len(rows), dtype=torch.float64)
+    peaks.scatter_reduce_(0, owner, row_base.abs(), "amax")
+    fits = [_row_gaps(row, peak, dtype) for row, peak in zip(rows, peaks.tolist(), strict=True)]
+    q = torch.tensor([fit[0] for fit in fits], dtype=torch.float64).repeat_interleave(counts)
+    flat = [fit[1] if isinstance(fit[1], float) else 0.0 for fit in fits]
+    g = torch.tensor(flat, dtype=torch.float64).repeat_interleave(counts)
+    for (_, gaps), start, n in zip(
+        fits, itertools.accumulate([0, *lengths]), lengths, strict=False
+    ):
+        if isinstance(gaps, torch.Tensor):
+            g[start : start + n] = gaps
+    o = torch.floor((row_base - g.clamp(min=0.0)) / q) * q
+    v = o + g
     over = v > 0.0
-    old[target.row, index] = torch.where(over, o - q, o).to(dtype)
-    lp[target.row, index] = torch.where(over, v - q, v).to(dtype)
+    old[at] = torch.where(over, o - q, o).to(dtype)
+    lp[at] = torch.where(over, v - q, v).to(dtype)

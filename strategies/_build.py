@@ -1,18 +1,20 @@
-"""``build(plan) -> Batch``: the pure, deterministic half of drawing a batch."""
+"""``build(plan) -> Batch``: the pure, deterministic half of drawing a batch; ``build_many``
+builds many plans at once (a pool), each exactly as ``build`` does alone."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 from ._advantages import build_advantages, fill_invalid
 from ._batch import Batch
-from ._domain import DOMAINS, Domain
 from ._groups import build_groups
 from ._masks import Hole, build_mask
 from ._plan import BatchPlan, RefPlan, RolloutPlan, stream
-from ._values import build_logprob_pair, grid
+from ._values import build_logprob_pairs, grid
 
-__all__ = ["build"]
+__all__ = ["build", "build_many"]
 
 # Garbage for the padding of constant-style batches (random and grid styles already hold
 # values from the same distribution there): plausible logprobs inside every domain bound,
@@ -69,20 +71,29 @@ def _pad(
 
 def build(plan: BatchPlan) -> Batch:
     """The batch of ``plan``: bitwise identical on every call and in every process."""
-    domain: Domain = DOMAINS[plan.domain]
+    return build_many([plan])[0]
+
+
+def build_many(plans: Sequence[BatchPlan]) -> list[Batch]:
+    """``[build(plan) for plan in plans]``, bitwise, with the logprobs of all plans of one
+    dtype built together (:func:`build_logprob_pairs`): most of a small batch's cost is
+    the fixed cost of each tensor operation, which they then share."""
+    out: list[Batch | None] = [None] * len(plans)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, plan in enumerate(plans):
+        by_dtype.setdefault(plan.torch_dtype, []).append(i)
+    for dtype, members in by_dtype.items():
+        pairs = build_logprob_pairs([plans[i] for i in members], dtype)
+        for i, (lp, old) in zip(members, pairs, strict=True):
+            out[i] = _assemble(plans[i], lp, old)
+    return [batch for batch in out if batch is not None]
+
+
+def _assemble(plan: BatchPlan, lp: torch.Tensor, old: torch.Tensor) -> Batch:
+    """The batch of ``plan`` around its logprob pair."""
     dtype = plan.torch_dtype
     extents, width, holes = plan.extents, plan.width, plan.holes
     mask = build_mask(extents, width, holes)
-    lp, old = build_logprob_pair(
-        plan.values,
-        extents=extents,
-        width=width,
-        holes=holes,
-        dtype=dtype,
-        seed=plan.seed,
-        domain=domain,
-        max_log_ratio=plan.max_log_ratio,
-    )
     adv = build_advantages(
         plan.advantages,
         extents=extents,

@@ -13,14 +13,14 @@ from polgrad_reference.config import ClipConfig
 
 from ._advantages import draw_advantage_plan, row_signs
 from ._batch import Batch
-from ._build import build
+from ._build import build_many
 from ._cache import choice, ints
 from ._domain import DEFAULT_CLIPS, Domain, safe_magnitudes
 from ._groups import draw_group_plan
 from ._layout import Layout
 from ._masks import Positions, draw_choices, draw_extents, draw_holes, draw_size, draw_width
 from ._plan import AdvantageShape, BatchPlan, Padding, RefPlan, RolloutPlan
-from ._sample import composite
+from ._sample import staged
 from ._validate import (
     check_bool,
     check_choice,
@@ -146,7 +146,7 @@ def batches(
         )
     )
 
-    def _batch(draw: st.DrawFn) -> Batch:
+    def _plan(draw: st.DrawFn) -> BatchPlan:
         if group_size is None:
             batch = draw_size(draw, min_batch, max_batch)
         else:
@@ -192,6 +192,6 @@ def batches(
             rollout=rollout,
             groups=grouping,
         )
-        return build(plan)
+        return plan
 
-    return composite(_batch)
+    return staged(_plan, build_many)

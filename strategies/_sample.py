@@ -21,7 +21,16 @@ from typing import Any, TypeVar
 import hypothesis.strategies as st
 from hypothesis.strategies import SearchStrategy
 
-__all__ = ["RandomDraw", "composite", "filtered", "mapped", "register", "sample", "sampleable"]
+__all__ = [
+    "RandomDraw",
+    "composite",
+    "filtered",
+    "mapped",
+    "register",
+    "sample",
+    "sampleable",
+    "staged",
+]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -36,11 +45,19 @@ _SAMPLERS: dict[int, Sampler] = {}
 can be reused."""
 
 
+_STAGED: dict[int, tuple[Sampler, Callable[[list[Any]], list[Any]]]] = {}
+"""id(strategy) -> (plan sampler, build_many) of a :func:`staged` strategy."""
+
+
+def _keep(table: dict[int, Any], strategy: object, entry: Any) -> None:
+    key = id(strategy)
+    table[key] = entry
+    weakref.finalize(strategy, table.pop, key, None)
+
+
 def register(strategy: S, sampler: Sampler) -> S:
     """Record how to draw from ``strategy`` without Hypothesis; returns ``strategy``."""
-    key = id(strategy)
-    _SAMPLERS[key] = sampler
-    weakref.finalize(strategy, _SAMPLERS.pop, key, None)
+    _keep(_SAMPLERS, strategy, sampler)
     return strategy
 
 
@@ -56,6 +73,17 @@ def composite(plan: Callable[[st.DrawFn], T]) -> SearchStrategy[T]:
     the decorated function's source each time it is applied (about 3 ms), which a strategy
     built per pool, or per drawn step, would pay every time."""
     return register(_planned(plan), plan)
+
+
+def staged(
+    draw_plan: Callable[[st.DrawFn], T], build_many: Callable[[list[T]], list[U]]
+) -> SearchStrategy[U]:
+    """``composite`` of ``build_many([draw_plan(draw)])[0]``. :func:`sample` draws all its
+    plans first and builds them in one ``build_many`` call (which must give each plan the
+    value it gives it alone), so a pool pays a builder's fixed costs once, not per input."""
+    strategy = composite(lambda draw: build_many([draw_plan(draw)])[0])
+    _keep(_STAGED, strategy, (draw_plan, build_many))
+    return strategy
 
 
 def sampleable(strategy: object) -> bool:
@@ -81,6 +109,10 @@ class RandomDraw:
 def sample(strategy: SearchStrategy[T], seed: int, n: int) -> tuple[T, ...]:
     """``n`` draws from ``strategy`` under ``seed``, in order."""
     draw = RandomDraw(seed)
+    two_stage = _STAGED.get(id(strategy))
+    if two_stage is not None:
+        draw_plan, build_many = two_stage
+        return tuple(build_many([draw_plan(draw) for _ in range(n)]))
     return tuple(draw(strategy) for _ in range(n))
 
 
@@ -89,6 +121,10 @@ def mapped(strategy: SearchStrategy[T], fn: Callable[[T], U]) -> SearchStrategy[
     out = strategy.map(fn)
     if sampleable(strategy):
         register(out, lambda d: fn(d(strategy)))
+    two_stage = _STAGED.get(id(strategy))
+    if two_stage is not None:
+        draw_plan, build_many = two_stage
+        _keep(_STAGED, out, (draw_plan, lambda plans: [fn(x) for x in build_many(plans)]))
     return out
 
 

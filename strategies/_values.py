@@ -18,23 +18,24 @@ from hypothesis import strategies as st
 from polgrad_reference.config import ClipConfig
 
 from ._aim import (
+    SeqRow,
     aim_options,
     aimed_log_ratio,
-    apply_seq_target,
+    apply_seq_targets,
     apply_token_targets,
     draw_aim,
     options_for_sign,
 )
 from ._cache import choice, ints
-from ._domain import DEFAULT_CLIPS, Boundary, Domain, boundaries
+from ._domain import DEFAULT_CLIPS, DOMAINS, Boundary, Domain, boundaries
 from ._masks import Hole, Positions, draw_choices, valid_positions
-from ._plan import SeqTarget, Style, TokenTarget, ValuePlan, stream
+from ._plan import BatchPlan, SeqTarget, Style, TokenTarget, ValuePlan, stream
 from ._sample import composite
 from ._validate import check_clips, check_domain, check_dtype, check_int, check_real
 
 __all__ = [
     "base_floor",
-    "build_logprob_pair",
+    "build_logprob_pairs",
     "draw_value_plan",
     "log_ratio_gaps",
     "logprobs",
@@ -205,7 +206,14 @@ def grid(
 ) -> torch.Tensor:
     """Values ``step * k`` with ``k`` uniform in ``[low, high]``: one uniform draw and
     three in-place ops (``torch.randint`` costs twice a ``torch.rand``)."""
-    u = torch.rand(shape, generator=gen, dtype=dtype)
+    return _grid_into(torch.empty(shape, dtype=dtype), gen, step, low, high)
+
+
+def _grid_into(
+    out: torch.Tensor, gen: torch.Generator, step: float, low: int, high: int
+) -> torch.Tensor:
+    """:func:`grid` written into ``out`` (a view of a larger buffer: the same values)."""
+    u = torch.rand(out.shape, generator=gen, dtype=out.dtype, out=out)
     return u.mul_(high - low + 1).floor_().add_(low).mul_(step)
 
 
@@ -217,37 +225,38 @@ def _bulk_base(
     domain: Domain,
     max_log_ratio: float,
 ) -> torch.Tensor:
+    return _fill_base(plan, torch.empty(shape, dtype=dtype), seed, domain, max_log_ratio)
+
+
+def _fill_base(
+    plan: ValuePlan, out: torch.Tensor, seed: int, domain: Domain, max_log_ratio: float
+) -> torch.Tensor:
+    """The base logprobs of ``plan``, written into ``out``."""
     if plan.style == "constant":
-        return torch.full(shape, -1.0, dtype=dtype)
+        return out.fill_(-1.0)
     gen = stream(seed, 0)
     if plan.style == "grid":
         count = min(9, int(base_floor(domain, max_log_ratio) // domain.base_grid_step))
-        return grid(shape, gen, dtype, -domain.base_grid_step, 0, count)
-    u = torch.rand(shape, generator=gen, dtype=dtype)
+        return _grid_into(out, gen, -domain.base_grid_step, 0, count)
+    u = torch.rand(out.shape, generator=gen, dtype=out.dtype, out=out)
     for _ in range(plan.base_power.bit_length() - 1):  # power is 1, 2 or 4
         u.mul_(u)
     return u.mul_(-plan.base_scale)
 
 
-def _bulk_gap(
-    plan: ValuePlan,
-    shape: tuple[int, int],
-    dtype: torch.dtype,
-    seed: int,
-    domain: Domain,
-    max_log_ratio: float,
-) -> torch.Tensor:
+def _fill_gap(
+    plan: ValuePlan, out: torch.Tensor, seed: int, domain: Domain, max_log_ratio: float
+) -> None:
+    """The log-ratios of ``plan`` before targets, written into ``out``."""
     if plan.style == "constant":
-        gap = torch.zeros(shape, dtype=dtype)
+        out.zero_()
     elif plan.style == "grid":
         step = min(domain.gap_grid_step, max_log_ratio / 4.0)
-        gap = grid(shape, stream(seed, 1), dtype, step, -4, 4)
+        _grid_into(out, stream(seed, 1), step, -4, 4)
     else:
-        gap = torch.empty(shape, dtype=dtype).uniform_(-1.0, 1.0, generator=stream(seed, 1))
-        gap.mul_(plan.gap_scale)
+        out.uniform_(-1.0, 1.0, generator=stream(seed, 1)).mul_(plan.gap_scale)
     if plan.aim_stride and plan.column_aims:
-        _aim_columns(gap, plan.aim_stride, plan.column_aims)
-    return gap
+        _aim_columns(out, plan.aim_stride, plan.column_aims)
 
 
 def _aim_columns(
@@ -289,47 +298,71 @@ def _aim_logs(aims: tuple[tuple[float, int, float], ...]) -> torch.Tensor:
     return torch.tensor([aimed_log_ratio(*a) for a in aims], dtype=torch.float64)
 
 
-def _clip_cast(lp: torch.Tensor, old: torch.Tensor, max_log_ratio: float) -> torch.Tensor:
+def _clip_cast(
+    lp: torch.Tensor, old: torch.Tensor, bounds: list[float], starts: list[int]
+) -> torch.Tensor:
     """After rounding lp and old to half precision separately, a log-ratio may exceed the
-    bound by an ulp; such (rare) positions get log-ratio 0."""
-    over = (lp.to(torch.float32) - old.to(torch.float32)).abs() > max_log_ratio
+    bound by an ulp; such (rare) positions get log-ratio 0. ``bounds[k]`` holds for the
+    values from ``starts[k]`` to ``starts[k + 1]``."""
+    size = (lp.to(torch.float32) - old.to(torch.float32)).abs()
+    if len(set(bounds)) == 1:
+        over = size > bounds[0]
+    else:
+        over = torch.cat(
+            [size[a:b] > m for a, b, m in zip(starts, starts[1:], bounds, strict=False)]
+        )
     return torch.where(over, old, lp)
 
 
-def build_logprob_pair(
-    plan: ValuePlan,
-    *,
-    extents: tuple[int, ...],
-    width: int,
-    holes: tuple[Hole, ...],
-    dtype: torch.dtype,
-    seed: int,
-    domain: Domain,
-    max_log_ratio: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(logprobs, old_logprobs)`` ``[B, T]`` in ``dtype``, right-padded, padding included.
+def build_logprob_pairs(
+    plans: Sequence[BatchPlan], dtype: torch.dtype
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(logprobs, old_logprobs)`` ``[B, T]`` in ``dtype`` of each plan, right-padded,
+    padding included: views of one buffer, so the arithmetic and the exact writes of
+    every plan's aimed and rare values are one operation each for all of them. Each plan
+    draws from its own streams, so its pair is bitwise the same alone or among others.
 
     ``old = base - relu(gap)`` and ``logprobs = old + gap`` keep both ``<= 0`` whatever
     the sign of the gap. Targets and rare tokens are then written exactly.
     """
-    shape = (len(extents), width)
     gen_dtype = _gen_dtype(dtype)
-    base = _bulk_base(plan, shape, gen_dtype, seed, domain, max_log_ratio)
-    if plan.rare:
-        rare_rows = [r for r, _, _ in plan.rare]
-        rare_cols = [c for _, c, _ in plan.rare]
-        base[rare_rows, rare_cols] = torch.tensor([v for _, _, v in plan.rare], dtype=gen_dtype)
-    gap = _bulk_gap(plan, shape, gen_dtype, seed, domain, max_log_ratio)
+    shapes = [(len(p.extents), p.width) for p in plans]
+    sizes = [rows * width for rows, width in shapes]
+    starts = [0, *itertools.accumulate(sizes)]
+    base = torch.empty(starts[-1], dtype=gen_dtype)
+    gap = torch.empty(starts[-1], dtype=gen_dtype)
+    rare_at: list[int] = []
+    rare_values: list[float] = []
+    seq_rows: list[SeqRow] = []
+    tokens: list[tuple[TokenTarget, int]] = []
+    for p, (rows, width), start, size in zip(plans, shapes, starts, sizes, strict=False):
+        domain = DOMAINS[p.domain]
+        _fill_base(
+            p.values, base[start : start + size].view(rows, width), p.seed, domain, p.max_log_ratio
+        )
+        _fill_gap(
+            p.values, gap[start : start + size].view(rows, width), p.seed, domain, p.max_log_ratio
+        )
+        rare_at += [start + r * width + c for r, c, _ in p.values.rare]
+        rare_values += [v for _, _, v in p.values.rare]
+        for seq in p.values.seq_targets:
+            cols = valid_positions(p.extents[seq.row], seq.row, p.holes)
+            at = start + seq.row * width
+            seq_rows.append(SeqRow(seq, [at + c for c in cols], p.seed, p.max_log_ratio))
+        tokens += [(t, start + t.row * width + t.col) for t in p.values.token_targets]
+    if rare_at:
+        base[torch.tensor(rare_at)] = torch.tensor(rare_values, dtype=gen_dtype)
     old = gap.clamp(min=0.0).neg_().add_(base)
     lp = old + gap
     if gen_dtype != dtype:
         lp, old, base = lp.to(dtype), old.to(dtype), base.to(dtype)
-        lp = _clip_cast(lp, old, max_log_ratio)
-    for seq in plan.seq_targets:
-        cols = valid_positions(extents[seq.row], seq.row, holes)
-        apply_seq_target(lp, old, base, seq, cols, seed, max_log_ratio)
-    apply_token_targets(lp, old, base, plan.token_targets)
-    return lp, old
+        lp = _clip_cast(lp, old, [p.max_log_ratio for p in plans], starts)
+    apply_seq_targets(lp, old, base, seq_rows)
+    apply_token_targets(lp, old, base, tokens)
+    return [
+        (lp[a : a + n].view(shape), old[a : a + n].view(shape))
+        for a, n, shape in zip(starts, sizes, shapes, strict=False)
+    ]
 
 
 def _check_shape(shape: object) -> tuple[int, ...]:

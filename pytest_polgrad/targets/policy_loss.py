@@ -29,7 +29,7 @@ from ..corpus import canonical_corpus
 from ..options import ConformanceOptions, override_keys
 from ..oracle import Oracle, OracleResult
 from ..report import SEMANTIC_CHECKS, diagnosis_line, failure_report, snippet
-from ..strategies import EXTREME, Batch, BatchPlan, batches, build
+from ..strategies import EXTREME, Batch, BatchPlan, batches, build_many
 from ..strategies._domain import DOMAINS, boundaries
 from ..strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
 from ..strategies._values import _column_aims, base_floor
@@ -355,7 +355,7 @@ def realistic_batches(
     bound = domain.max_log_ratio if bound is None else bound
     aims = _column_aims(boundaries((shape["clip"],), bound)[2])
     rng = random.Random(seed)
-    out: list[Batch] = []
+    plans: list[BatchPlan] = []
     seen: set[tuple[int, int]] = set()
     for index, (rows, width) in enumerate(sizes):
         rows, width = min(rows, options.max_batch), min(width, options.max_length)
@@ -401,8 +401,8 @@ def realistic_batches(
             ref=RefPlan(min(1.0, domain.max_ref_gap)) if shape["with_ref_logprobs"] else None,
             rollout=rollout,
         )
-        out.append(build(plan))
-    return out
+        plans.append(plan)
+    return build_many(plans)
 
 
 def _holes(rng: random.Random, extents: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:

@@ -18,6 +18,7 @@ from pytest_polgrad.strategies import (
     BatchPlan,
     batches,
     build,
+    build_many,
     left_to_right,
     pack,
     right_to_left,
@@ -56,6 +57,33 @@ def test_rebuilding_a_plan_is_bitwise_identical(data: st.DataObject) -> None:
     assert batch.plan is not None
     assert same(build(batch.plan), batch)
     assert same(batch.rebuild(), batch)
+
+
+_MIXED = st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16])
+
+
+@settings(max_examples=25)
+@given(st.data())
+def test_building_plans_together_gives_each_its_own_batch(data: st.DataObject) -> None:
+    """A pool builds its plans together (one buffer for all their logprobs, one write for
+    all their aimed values); each batch must be bitwise the one its plan builds alone,
+    whatever its neighbours: other dtypes, domains, layouts, holes, NaN padding, targets."""
+    drawn = [
+        data.draw(
+            batches(
+                dtype=data.draw(_MIXED),
+                holes=data.draw(st.booleans()),
+                padding=data.draw(st.sampled_from(["garbage", "nan"])),
+                layout=data.draw(st.sampled_from(["right", "left", "packed"])),
+                domain=data.draw(st.sampled_from(["semantic", "extreme"])),
+            )
+        )
+        for _ in range(data.draw(st.integers(1, 5)))
+    ]
+    plans = [b.plan for b in drawn if b.plan is not None]
+    together = build_many(plans)
+    assert [digest(b) for b in together] == [digest(build(p)) for p in plans]
+    assert [digest(b) for b in together] == [digest(b) for b in drawn]
 
 
 SEED = 20240601
