@@ -270,7 +270,12 @@ def _as_loss(value: object) -> torch.Tensor:
         )
     if not value.is_floating_point():
         raise Verdict(f"the function returned a {value.dtype} tensor; the loss must be floating")
-    return value.reshape(())
+    return value if value.dim() == 0 else value.reshape(())
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` the function may modify, outside any autograd graph."""
+    return t.detach().clone() if t.requires_grad else t.clone()
 
 
 class FunctionUnderTest:
@@ -316,7 +321,7 @@ class FunctionUnderTest:
         """The inputs the function takes, cloned, in its layout (canonical names)."""
         layout = self.options.layout
         mask = batch["response_mask"]
-        out = {n: batch[n].detach().clone() for n in self.takes if n in batch}
+        out = {n: _fresh(batch[n]) for n in self.takes if n in batch}
         if layout == "right":
             return out
         extents = row_extents(mask)
@@ -378,8 +383,9 @@ class FunctionUnderTest:
                 raise Verdict(f"backward called sys.exit({exc.code!r})") from exc
             if g is None:
                 raise Verdict("the returned loss does not depend on logprobs (gradient is None)")
-            g = self._canonical_grad(g.cpu(), batch)
-        return Evaluation(loss.detach().cpu(), g, inputs, before)
+            g = self._canonical_grad(g if self.device.type == "cpu" else g.cpu(), batch)
+        loss = loss.detach()
+        return Evaluation(loss if self.device.type == "cpu" else loss.cpu(), g, inputs, before)
 
 
 def _parse_device(name: str) -> torch.device:

@@ -10,6 +10,7 @@ negative advantages cancel the loss itself to near zero. Derivation: docs/tolera
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TypeVar
 
@@ -167,22 +168,29 @@ class Tolerance:
     ) -> tuple[Comparison, torch.Tensor]:
         """Elementwise comparison on ``where``; returns the comparison and the per-element
         error ratios (``inf`` for non-finite entries, ``0`` outside ``where``)."""
-        diff = (actual.to(torch.float64) - expected).abs()
-        diff = torch.where(torch.isfinite(actual), diff, torch.inf)
+        # |inf - e| is inf already; NaN (a NaN entry) becomes inf too
+        diff = (actual.to(torch.float64) - expected).abs().nan_to_num_(math.inf, math.inf)
         # an entry whose scale is exactly 0 (the reference's gradient and every term of its
         # scale vanish) has tolerance 0 and admits no difference: diff / 0 is inf there, and
         # an entry without difference has ratio 0 whatever its tolerance
         judged = where & (diff != 0)
-        ratios = torch.zeros_like(diff)
-        for p in self.precisions:
+        ratios = diff
+        for p, relative, floor in self._tensor_terms:
             s = self._pick(p, scale, native_scale)
-            tol = self.factor * unit_roundoff(p) * _K * s + self._floor(p)
-            if rounding := self._result_rounding(p):
-                tol = tol + self.factor * rounding * s
-            tol = torch.where(s > 0, tol, 0.0)  # an exact 0 stays exact: no floor
+            tol = torch.where(s > 0, relative * s + floor, 0.0)  # an exact 0 stays exact
             ratios = torch.where(judged, diff / tol, 0.0)
             worst = float(ratios.max()) if ratios.numel() else 0.0
             if worst <= 1.0:
                 return Comparison(True, worst, p), ratios
         worst = float(ratios.max()) if ratios.numel() else 0.0
         return Comparison(False, worst, self.precisions[-1]), ratios
+
+    @functools.cached_property
+    def _tensor_terms(self) -> tuple[tuple[torch.dtype, float, float], ...]:
+        """``(p, relative, floor)`` of each accepted precision: the tolerance where the
+        scale ``s`` is positive is ``relative * s + floor``, with ``relative = factor u K``
+        plus one rounding of the result where it is rounded to the inputs' precision."""
+        return tuple(
+            (p, self.factor * (unit_roundoff(p) * _K + self._result_rounding(p)), self._floor(p))
+            for p in self.precisions
+        )

@@ -9,6 +9,7 @@ values for robustness checks. Every bound below is data, so docs and tests can c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Literal
@@ -170,7 +171,16 @@ def boundaries(
     lower bound ``1 - eps_low`` and the dual-clip constant do; the other side still
     matters to surrogates that clip the weight regardless of sign (CISPO), so it follows.
     Boundaries whose neighbourhood leaves ``|log r| <= max_log_ratio`` are dropped.
+    Cached: every plan of a pool asks for the same ones, and equal answers that are the
+    same objects make the aim caches' lookups an identity check.
     """
+    return _boundaries(tuple(clips), max_log_ratio)
+
+
+@functools.lru_cache(maxsize=256)
+def _boundaries(
+    clips: tuple[ClipConfig, ...], max_log_ratio: float
+) -> tuple[tuple[Boundary, ...], tuple[Boundary, ...], tuple[Boundary, ...]]:
     found: dict[tuple[str, float], Boundary] = {}
     for clip in clips:
         for kind, value in (("low", clip.low), ("high", clip.high), ("dual", clip.dual_clip)):
