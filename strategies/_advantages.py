@@ -23,6 +23,7 @@ __all__ = [
     "build_advantages",
     "draw_advantage_plan",
     "fill_invalid",
+    "row_advantages",
     "row_signs",
 ]
 
@@ -118,6 +119,30 @@ def fill_invalid(
             x[row, start:stop] = value
 
 
+def row_advantages(
+    plans: Sequence[tuple[AdvantagePlan, int]],
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(rows, scales)`` (float64 ``[B]``) of each ``(plan, seed)``: the row advantages
+    ``value * magnitude * scale`` (``random`` plans draw their magnitudes in ``[0.1,
+    8.1]`` from their own stream; other patterns have magnitude 1) and the row scales.
+    Views of one buffer: one operation each for all plans."""
+    sizes = [len(plan.values) for plan, _ in plans]
+    values = torch.tensor([v for plan, _ in plans for v in plan.values], dtype=torch.float64)
+    scales = torch.tensor(
+        [m for plan, _ in plans for m in plan.magnitudes or (1.0,) * len(plan.values)],
+        dtype=torch.float64,
+    )
+    if any(plan.pattern == "random" for plan, _ in plans):
+        mags = torch.empty(len(values), dtype=torch.float64)  # read where random only
+        for (plan, seed), piece in zip(plans, mags.split_with_sizes(sizes), strict=True):
+            if plan.pattern == "random":
+                torch.rand(len(piece), generator=stream(seed, 2), dtype=torch.float64, out=piece)
+        drawn = torch.tensor([plan.pattern == "random" for plan, _ in plans for _ in plan.values])
+        values = values * torch.where(drawn, mags * (_RANDOM_MAX - 0.1) + 0.1, 1.0)
+    rows = values * scales
+    return list(zip(rows.split_with_sizes(sizes), scales.split_with_sizes(sizes), strict=True))
+
+
 def build_advantages(
     plan: AdvantagePlan,
     *,
@@ -127,16 +152,13 @@ def build_advantages(
     dtype: torch.dtype,
     seed: int,
     token_targets: Sequence[TokenTarget] = (),
+    rows_and_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The advantages tensor of ``plan`` (``[B]`` or right-padded ``[B, T]``)."""
+    """The advantages tensor of ``plan`` (``[B]`` or right-padded ``[B, T]``);
+    ``rows_and_scales``: its :func:`row_advantages`, when built with other plans'."""
     batch = len(extents)
     gen_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    rows = torch.tensor(plan.values, dtype=torch.float64)
-    if plan.pattern == "random":
-        mags = torch.rand(batch, generator=stream(seed, 2), dtype=torch.float64)
-        rows = rows * (mags * (_RANDOM_MAX - 0.1) + 0.1)
-    scales = torch.tensor(plan.magnitudes or (1.0,) * batch, dtype=torch.float64)
-    rows = rows * scales
+    rows, scales = rows_and_scales or row_advantages([(plan, seed)])[0]
     if plan.shape == "sequence":
         return rows.to(dtype)
     col_scales = scales.to(gen_dtype)[:, None]

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ._advantages import build_advantages, fill_invalid
+from ._advantages import build_advantages, fill_invalid, row_advantages
 from ._batch import Batch
 from ._groups import build_groups
-from ._masks import Hole, build_mask
+from ._masks import Hole, build_masks
 from ._plan import BatchPlan, RefPlan, RolloutPlan, stream
 from ._values import build_logprob_pairs, grid
 
@@ -83,17 +83,25 @@ def build_many(plans: Sequence[BatchPlan]) -> list[Batch]:
     for i, plan in enumerate(plans):
         by_dtype.setdefault(plan.torch_dtype, []).append(i)
     for dtype, members in by_dtype.items():
-        pairs = build_logprob_pairs([plans[i] for i in members], dtype)
-        for i, (lp, old) in zip(members, pairs, strict=True):
-            out[i] = _assemble(plans[i], lp, old)
+        group = [plans[i] for i in members]
+        pairs = build_logprob_pairs(group, dtype)
+        masks = build_masks([(p.extents, p.width, p.holes) for p in group])
+        rows = row_advantages([(p.advantages, p.seed) for p in group])
+        for i, pair, mask, row in zip(members, pairs, masks, rows, strict=True):
+            out[i] = _assemble(plans[i], pair, mask, row)
     return [batch for batch in out if batch is not None]
 
 
-def _assemble(plan: BatchPlan, lp: torch.Tensor, old: torch.Tensor) -> Batch:
-    """The batch of ``plan`` around its logprob pair."""
+def _assemble(
+    plan: BatchPlan,
+    pair: tuple[torch.Tensor, torch.Tensor],
+    mask: torch.Tensor,
+    rows_and_scales: tuple[torch.Tensor, torch.Tensor],
+) -> Batch:
+    """The batch of ``plan`` around its logprob pair, mask and row advantages."""
+    lp, old = pair
     dtype = plan.torch_dtype
     extents, width, holes = plan.extents, plan.width, plan.holes
-    mask = build_mask(extents, width, holes)
     adv = build_advantages(
         plan.advantages,
         extents=extents,
@@ -102,6 +110,7 @@ def _assemble(plan: BatchPlan, lp: torch.Tensor, old: torch.Tensor) -> Batch:
         dtype=dtype,
         seed=plan.seed,
         token_targets=plan.values.token_targets,
+        rows_and_scales=rows_and_scales,
     )
     token: dict[str, torch.Tensor] = {"logprobs": lp, "old_logprobs": old}
     if plan.ref is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -25,6 +26,7 @@ __all__ = [
     "Hole",
     "Positions",
     "build_mask",
+    "build_masks",
     "draw_choices",
     "draw_extents",
     "draw_holes",
@@ -143,11 +145,30 @@ def draw_holes(draw: st.DrawFn, extents: tuple[int, ...]) -> tuple[Hole, ...]:
 
 def build_mask(extents: tuple[int, ...], width: int, holes: tuple[Hole, ...] = ()) -> torch.Tensor:
     """Right-padded ``[B, width]`` bool mask from extents and holes."""
-    ext = torch.tensor(extents, dtype=torch.int64)
-    mask = torch.arange(width, dtype=torch.int64)[None, :] < ext[:, None]
-    for row, start, stop in holes:
-        mask[row, start:stop] = False
-    return mask
+    return build_masks([(extents, width, holes)])[0]
+
+
+def build_masks(
+    layouts: Sequence[tuple[tuple[int, ...], int, tuple[Hole, ...]]],
+) -> list[torch.Tensor]:
+    """:func:`build_mask` of each ``(extents, width, holes)``: views of one buffer, whose
+    every row is compared with its extent in one operation."""
+    widths = [width for extents, width, _ in layouts for _ in extents]
+    sizes = [len(extents) * width for extents, width, _ in layouts]
+    row_width = torch.tensor(widths, dtype=torch.int64)
+    row_start = row_width.cumsum(0) - row_width
+    column = torch.arange(sum(sizes)) - row_start.repeat_interleave(row_width)
+    extent = torch.tensor([e for extents, _, _ in layouts for e in extents], dtype=torch.int64)
+    mask = column < extent.repeat_interleave(row_width)
+    holed: list[int] = []
+    start = 0
+    for extents, width, holes in layouts:
+        holed += [start + r * width + c for r, a, b in holes for c in range(a, b)]
+        start += len(extents) * width
+    if holed:
+        mask[torch.tensor(holed, dtype=torch.int64)] = False
+    pieces = mask.split_with_sizes(sizes)
+    return [m.view(len(e), w) for m, (e, w, _) in zip(pieces, layouts, strict=True)]
 
 
 def valid_positions(extent: int, row: int, holes: tuple[Hole, ...]) -> list[int]:
