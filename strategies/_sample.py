@@ -8,7 +8,9 @@ then runs either under Hypothesis (its ``draw``: search and shrinking) or under
 costs about a millisecond per batch in engine bookkeeping; a random one costs what the
 plan's own arithmetic costs. Choices are uniform: the plans already aim at clip
 boundaries and size classes by construction, rather than relying on Hypothesis's
-preference for small values.
+preference for small values. A :func:`staged` strategy (``batches()``) splits drawing a
+plan from building its tensors, so :func:`sample` draws a pool's plans first and builds
+them in one call.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pytest_polgrad import engine
 from pytest_polgrad.engine import build_context, checks_for, kind_of
 from pytest_polgrad.options import parse_marker
 from pytest_polgrad.strategies import Batch, batches
-from pytest_polgrad.strategies._sample import filtered, mapped, sample, sampleable
+from pytest_polgrad.strategies._sample import RandomDraw, filtered, mapped, sample, sampleable
 from tests.snippet_driver import HASH_SEED, run_snippets
 
 ROOT = Path(__file__).parents[2]
@@ -141,3 +141,25 @@ def test_map_and_filter_keep_the_fast_path_and_a_hopeless_filter_falls_back() ->
     with pytest.raises(LookupError, match="passed the filter"):
         sample(never, 1, 1)
     assert not sampleable(st.integers(0, 1).map(str))  # Hypothesis's own map: no sampler
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_batch=6, max_length=40, holes=True, with_rollout_logprobs=True),
+        dict(dtype=torch.bfloat16, padding="nan", layout="packed"),
+        dict(domain="extreme", advantage_shape="token", with_ref_logprobs=True),
+    ],
+)
+def test_a_pool_built_together_equals_its_batches_drawn_one_by_one(
+    options: dict[str, object],
+) -> None:
+    """``sample`` draws a staged strategy's plans first and builds them together
+    (``staged``, ``build_many``); the batches, and those of a mapped strategy, must be the
+    ones the same seeded draws give one at a time."""
+    strategy = batches(**options)  # type: ignore[arg-type]
+    draw = RandomDraw(31)
+    one_by_one = tuple(draw(strategy) for _ in range(12))
+    assert _digest(sample(strategy, 31, 12)) == _digest(one_by_one)
+    rows = mapped(strategy, lambda b: b)
+    assert _digest(sample(rows, 31, 12)) == _digest(one_by_one)
