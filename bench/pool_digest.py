@@ -3,9 +3,10 @@
 A change meant to make drawing or building the pools faster must leave every pooled
 batch bitwise as it was (the suite's verdicts, the reports' batches and the false-alarm
 sweep were all established on them). Run this before and after the change and compare
-the two lines. It draws, for each option set below, every applicable check's pool at
-three seeds (``engine._pool``: the drawn batches and the realistic-size ones), and hashes
-each tensor's name, shape, dtype and bytes in order.
+the lines. It draws, for each option set below, every applicable check's pool at three
+seeds (``engine._pool``: the drawn batches and the realistic-size ones), and hashes each
+tensor's name, shape, dtype and bytes in order: one line for the policy-loss option sets,
+one for the other kinds whose inputs are drawn from ``batches()`` (KL, training step).
 
 Run: ``python bench/pool_digest.py [--budget 60] [--seeds 0 7 123]``.
 """
@@ -13,12 +14,20 @@ Run: ``python bench/pool_digest.py [--budget 60] [--seeds 0 7 123]``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 from typing import Any
 
 import torch
 
-from pytest_polgrad.engine import _pool, applicable_checks, build_context, kind_of, resolve_config
+from pytest_polgrad.engine import (
+    _find_check,
+    _pool,
+    applicable_checks,
+    build_context,
+    kind_of,
+    resolve_config,
+)
 from pytest_polgrad.options import parse_marker
 
 # (reference, marker options): dtypes, per-token advantages, holes, NaN padding, KL and
@@ -48,20 +57,52 @@ def _loss(
     return logprobs.sum()
 
 
-def digest(budget: int, seeds: list[int]) -> tuple[int, str]:
+# kinds whose inputs wrap batches(): the KL term, the training step (bfloat16 too)
+OTHER_KINDS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("grpo", {"kind": "kl"}),
+    ("dapo", {"kind": "training_step"}),
+    ("grpo", {"kind": "training_step", "dtype": "bfloat16"}),
+)
+
+
+def _hash(value: Any, h: Any) -> int:
+    """Feed every tensor inside ``value`` (dataclasses, mappings, sequences) to ``h``."""
+    if isinstance(value, torch.Tensor):
+        h.update(f"{tuple(value.shape)} {value.dtype}".encode())
+        h.update(value.contiguous().view(torch.uint8).numpy().tobytes())
+        return 1
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    elif isinstance(value, dict):
+        items = sorted(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        return 0
+    count = 0
+    for name, inner in items:
+        h.update(str(name).encode())
+        count += _hash(inner, h)
+    return count
+
+
+def digest(
+    budget: int, seeds: list[int], option_sets: tuple[tuple[str, dict[str, Any]], ...]
+) -> tuple[int, str]:
     """``(tensors hashed, hex digest)`` over every option set, check and seed."""
     h = hashlib.sha1()
     count = 0
-    for reference, marker in OPTION_SETS:
+    for reference, marker in option_sets:
         options = parse_marker((reference,), marker)
         ctx = build_context(_loss, options)
         kind = kind_of(options)
         for name in applicable_checks(resolve_config(options), options):
-            check = kind.check(name)
-            if check is None:
-                continue
+            check = _find_check(kind, ctx, name)
             for seed in seeds:
                 drawn, extra = _pool(kind, ctx, check, seed, budget)
+                if kind.name != "policy_loss":
+                    count += _hash([*drawn, *extra], h)
+                    continue
                 for batch in (*drawn, *extra):
                     for field, value in sorted(vars(batch).items()):
                         if isinstance(value, torch.Tensor):
@@ -76,8 +117,9 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=60)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 7, 123])
     args = parser.parse_args()
-    count, hexdigest = digest(args.budget, args.seeds)
-    print(f"{count} tensors, sha1 {hexdigest}")
+    for label, sets in (("policy loss", OPTION_SETS), ("other kinds", OTHER_KINDS)):
+        count, hexdigest = digest(args.budget, args.seeds, sets)
+        print(f"{label}: {count} tensors, sha1 {hexdigest}")
 
 
 if __name__ == "__main__":

@@ -273,6 +273,11 @@ def _as_loss(value: object) -> torch.Tensor:
     return value if value.dim() == 0 else value.reshape(())
 
 
+def _on_cpu(t: torch.Tensor) -> torch.Tensor:
+    """``t.cpu()``, without the call when ``t`` is there already (the common case)."""
+    return t if t.device.type == "cpu" else t.cpu()
+
+
 def _fresh(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` the function may modify, outside any autograd graph."""
     return t.detach().clone() if t.requires_grad else t.clone()
@@ -383,9 +388,8 @@ class FunctionUnderTest:
                 raise Verdict(f"backward called sys.exit({exc.code!r})") from exc
             if g is None:
                 raise Verdict("the returned loss does not depend on logprobs (gradient is None)")
-            g = self._canonical_grad(g if self.device.type == "cpu" else g.cpu(), batch)
-        loss = loss.detach()
-        return Evaluation(loss if self.device.type == "cpu" else loss.cpu(), g, inputs, before)
+            g = self._canonical_grad(_on_cpu(g), batch)
+        return Evaluation(_on_cpu(loss.detach()), g, inputs, before)
 
 
 def _parse_device(name: str) -> torch.device:

@@ -175,9 +175,12 @@ class Tolerance:
         # an entry without difference has ratio 0 whatever its tolerance
         judged = where & (diff != 0)
         ratios = diff
-        for p, relative, floor in self._tensor_terms:
+        for p, relative, floor, rounding in self._tensor_terms:
             s = self._pick(p, scale, native_scale)
-            tol = torch.where(s > 0, relative * s + floor, 0.0)  # an exact 0 stays exact
+            tol = relative * s + floor
+            if rounding:
+                tol = tol + rounding * s
+            tol = torch.where(s > 0, tol, 0.0)  # an exact 0 stays exact: no floor
             ratios = torch.where(judged, diff / tol, 0.0)
             worst = float(ratios.max()) if ratios.numel() else 0.0
             if worst <= 1.0:
@@ -186,11 +189,17 @@ class Tolerance:
         return Comparison(False, worst, self.precisions[-1]), ratios
 
     @functools.cached_property
-    def _tensor_terms(self) -> tuple[tuple[torch.dtype, float, float], ...]:
-        """``(p, relative, floor)`` of each accepted precision: the tolerance where the
-        scale ``s`` is positive is ``relative * s + floor``, with ``relative = factor u K``
-        plus one rounding of the result where it is rounded to the inputs' precision."""
+    def _tensor_terms(self) -> tuple[tuple[torch.dtype, float, float, float], ...]:
+        """``(p, relative, floor, rounding)`` of each accepted precision, computed once:
+        where the scale ``s`` is positive the tolerance at ``p`` is ``relative * s + floor
+        + rounding * s``, with ``relative = factor u K`` and ``rounding`` one rounding of
+        the result to the inputs' precision (:meth:`_result_rounding`), times ``factor``."""
         return tuple(
-            (p, self.factor * (unit_roundoff(p) * _K + self._result_rounding(p)), self._floor(p))
+            (
+                p,
+                self.factor * unit_roundoff(p) * _K,
+                self._floor(p),
+                self.factor * self._result_rounding(p),
+            )
             for p in self.precisions
         )

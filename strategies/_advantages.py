@@ -125,8 +125,14 @@ def row_advantages(
     """``(rows, scales)`` (float64 ``[B]``) of each ``(plan, seed)``: the row advantages
     ``value * magnitude * scale`` (``random`` plans draw their magnitudes in ``[0.1,
     8.1]`` from their own stream; other patterns have magnitude 1) and the row scales.
-    Views of one buffer: one operation each for all plans."""
+    Views of one buffer: one operation each for all plans (copy before handing out)."""
     sizes = [len(plan.values) for plan, _ in plans]
+    for plan, _ in plans:
+        if plan.magnitudes is not None and len(plan.magnitudes) != len(plan.values):
+            raise ValueError(
+                f"AdvantagePlan.magnitudes has {len(plan.magnitudes)} entries for "
+                f"{len(plan.values)} rows"
+            )
     values = torch.tensor([v for plan, _ in plans for v in plan.values], dtype=torch.float64)
     scales = torch.tensor(
         [m for plan, _ in plans for m in plan.magnitudes or (1.0,) * len(plan.values)],
@@ -160,7 +166,8 @@ def build_advantages(
     gen_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     rows, scales = rows_and_scales or row_advantages([(plan, seed)])[0]
     if plan.shape == "sequence":
-        return rows.to(dtype)
+        # a view of other plans' buffer (row_advantages) is copied out
+        return rows.to(dtype, copy=rows_and_scales is not None)
     col_scales = scales.to(gen_dtype)[:, None]
     padded = bool(holes) or any(e < width for e in extents)
     if plan.noise > 0.0:

@@ -33,6 +33,7 @@ __all__ = [
     "draw_size",
     "draw_width",
     "lengths",
+    "own",
     "response_masks",
     "valid_positions",
 ]
@@ -151,8 +152,8 @@ def build_mask(extents: tuple[int, ...], width: int, holes: tuple[Hole, ...] = (
 def build_masks(
     layouts: Sequence[tuple[tuple[int, ...], int, tuple[Hole, ...]]],
 ) -> list[torch.Tensor]:
-    """:func:`build_mask` of each ``(extents, width, holes)``: views of one buffer, whose
-    every row is compared with its extent in one operation."""
+    """:func:`build_mask` of each ``(extents, width, holes)``: every row of every mask
+    compared with its extent in one operation, then copied out (:func:`own`)."""
     widths = [width for extents, width, _ in layouts for _ in extents]
     sizes = [len(extents) * width for extents, width, _ in layouts]
     row_width = torch.tensor(widths, dtype=torch.int64)
@@ -168,7 +169,15 @@ def build_masks(
     if holed:
         mask[torch.tensor(holed, dtype=torch.int64)] = False
     pieces = mask.split_with_sizes(sizes)
-    return [m.view(len(e), w) for m, (e, w, _) in zip(pieces, layouts, strict=True)]
+    shared = len(layouts) > 1
+    return [own(m.view(len(e), w), shared) for m, (e, w, _) in zip(pieces, layouts, strict=True)]
+
+
+def own(piece: torch.Tensor, shared: bool) -> torch.Tensor:
+    """``piece`` of a buffer, with a storage of its own when the buffer is ``shared`` with
+    other batches: a batch's tensors never share memory, a version counter or a
+    ``torch.save`` file with another batch's."""
+    return piece.clone() if shared else piece
 
 
 def valid_positions(extent: int, row: int, holes: tuple[Hole, ...]) -> list[int]:

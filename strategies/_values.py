@@ -28,7 +28,7 @@ from ._aim import (
 )
 from ._cache import choice, ints
 from ._domain import DEFAULT_CLIPS, DOMAINS, Boundary, Domain, boundaries
-from ._masks import Hole, Positions, draw_choices, valid_positions
+from ._masks import Hole, Positions, draw_choices, own, valid_positions
 from ._plan import BatchPlan, SeqTarget, Style, TokenTarget, ValuePlan, stream
 from ._sample import composite
 from ._validate import check_clips, check_domain, check_dtype, check_int, check_real
@@ -318,9 +318,10 @@ def build_logprob_pairs(
     plans: Sequence[BatchPlan], dtype: torch.dtype
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``(logprobs, old_logprobs)`` ``[B, T]`` in ``dtype`` of each plan, right-padded,
-    padding included: views of one buffer, so the arithmetic and the exact writes of
-    every plan's aimed and rare values are one operation each for all of them. Each plan
-    draws from its own streams, so its pair is bitwise the same alone or among others.
+    padding included: computed in one buffer, so the arithmetic and the exact writes of
+    every plan's aimed and rare values are one operation each for all of them, then
+    copied out (:func:`own`). Each plan draws from its own streams, so its pair is
+    bitwise the same alone or among others.
 
     ``old = base - relu(gap)`` and ``logprobs = old + gap`` keep both ``<= 0`` whatever
     the sign of the gap. Targets and rare tokens are then written exactly.
@@ -359,9 +360,11 @@ def build_logprob_pairs(
         lp = _clip_cast(lp, old, [p.max_log_ratio for p in plans], starts)
     apply_seq_targets(lp, old, base, seq_rows)
     apply_token_targets(lp, old, base, tokens)
+    shared = len(plans) > 1
+    pieces = zip(lp.split_with_sizes(sizes), old.split_with_sizes(sizes), strict=True)
     return [
-        (lp[a : a + n].view(shape), old[a : a + n].view(shape))
-        for a, n, shape in zip(starts, sizes, shapes, strict=False)
+        (own(x.view(shape), shared), own(y.view(shape), shared))
+        for (x, y), shape in zip(pieces, shapes, strict=True)
     ]
 
 

@@ -4,6 +4,7 @@ aim at; every kind's strategy has a sampler, and one without falls back to Hypot
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import textwrap
@@ -161,5 +162,9 @@ def test_a_pool_built_together_equals_its_batches_drawn_one_by_one(
     draw = RandomDraw(31)
     one_by_one = tuple(draw(strategy) for _ in range(12))
     assert _digest(sample(strategy, 31, 12)) == _digest(one_by_one)
-    rows = mapped(strategy, lambda b: b)
-    assert _digest(sample(rows, 31, 12)) == _digest(one_by_one)
+    doubled = mapped(strategy, lambda b: dataclasses.replace(b, logprobs=2 * b.logprobs))
+    expected = tuple(dataclasses.replace(b, logprobs=2 * b.logprobs) for b in one_by_one)
+    assert _digest(sample(doubled, 31, 12)) == _digest(expected) != _digest(one_by_one)
+    for batch in sample(strategy, 31, 12):  # copied out of the shared buffers
+        for t in batch.as_kwargs().values():
+            assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
