@@ -3,12 +3,14 @@ layout conversions."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import textwrap
 from pathlib import Path
 from typing import Literal
 
+import pytest
 import torch
 from hypothesis import Phase, given, seed, settings
 from hypothesis import strategies as st
@@ -219,3 +221,14 @@ def test_tensor_converters_are_exact_inverses(
     assert bits(pack(again, ext)[0]) == bits(stream)
     assert row_extents(span, "right").tolist() == extents
     assert row_extents(right_to_left(span, ext), "left").tolist() == extents
+
+
+def test_a_plan_whose_magnitudes_miss_rows_is_refused_not_shifted() -> None:
+    """Built with others, a plan's row scales are one slice of a shared vector: a plan with
+    magnitudes for the wrong number of rows must be refused, not shift its neighbours'."""
+    from pytest_polgrad.strategies._plan import AdvantagePlan
+
+    good = BatchPlan(extents=(2, 3), width=3, seed=1)
+    bad = dataclasses.replace(good, advantages=AdvantagePlan(values=(1.0, -1.0), magnitudes=(2.0,)))
+    with pytest.raises(ValueError, match=r"AdvantagePlan.magnitudes has 1 entries for 2 rows"):
+        build_many([good, bad])
