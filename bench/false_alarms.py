@@ -1,6 +1,7 @@
 """Probe: the false-alarm sweep's correct functions at other seeds and sizes, by hand.
 
-CI's sweep (``tests/test_sweep_correct.py``) runs every correct loss of the suite and
+CI's sweep (``tests/kinds/policy_loss/test_sweep_correct.py``) runs every correct loss of
+the suite and
 every other registry entry (computed by the reference itself) in the modes of its
 ``MODES`` (float64, float64 strict, float32 inside, float32 inputs, bfloat16 and float16
 inputs, each also upcast and strict) at seed 0, at the default sizes. This script runs
@@ -34,7 +35,7 @@ def main() -> None:
     import torch
 
     from pytest_polgrad import ConformanceError, assert_conforms
-    from tests import test_sweep_correct as sweep
+    from tests.kinds.policy_loss import test_sweep_correct as sweep
 
     torch.set_num_threads(1)
     sizes: dict[str, Any] = SMALL if args.sizes == "small" else {}

@@ -4,7 +4,7 @@ Runs ``pytest -n WORKERS -q -p no:cacheprovider --durations=0`` in a subprocess 
 suite's own settings: one torch thread per process) and prints the wall time pytest
 reports, the sum of the tests' durations, the files that take longest, and the share of
 the tests that start inner ``-n 2`` sessions (each starts two worker processes, forked
-from a process that has imported torch by tests/forked_workers.py: pytest, Hypothesis and
+from a process that has imported torch by tests/helpers/forked_workers.py: pytest, Hypothesis and
 the kit are still imported afresh, about 0.6 s of CPU per worker here, 2 s unforked).
 
 Run: ``python bench/suite.py [--workers 2] [--top 15] [-- extra pytest args]``.
@@ -25,7 +25,7 @@ _DURATION = re.compile(r"^([0-9.]+)s (call|setup|teardown)\s+(\S+?)::(\S+)")
 _SUMMARY = re.compile(r"(\d+) passed.* in ([0-9.]+)s")
 _INNER_XDIST = ("xdist]", "serial_and_xdist")
 """Test ids that start inner ``-n 2`` sessions (tests/test_snapshot_*.py's ``[...-xdist]``
-cases and tests/test_conformance_plugin.py's serial-vs-xdist comparison)."""
+cases and tests/pytest/test_plugin.py's serial-vs-xdist comparison)."""
 
 
 def main() -> None:

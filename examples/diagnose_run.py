@@ -16,7 +16,8 @@ The monitored z statistics (mismatch sign test, ``Cov(log pi, A)``, length drive
 one ``RunMonitor`` (CUSUM, P(any false alarm in the 200 steps) <= 0.01); the entropy
 series gets the permutation changepoint test. Each detector must fire within
 ``WINDOW`` steps of its injection and stay quiet before it
-(``tests/test_diagnostics_example.py``). Run ``python examples/diagnose_run.py --out DIR`` to
+(``tests/reference/diagnostics/test_example.py``). Run
+``python examples/diagnose_run.py --out DIR`` to
 also save ``DIR/diagnose_run.png`` (needs the ``plot`` extra: matplotlib).
 """
 

@@ -748,7 +748,7 @@ class PolicyLossConfig(_Derivable):
     def on_policy_is_policy_gradient(self) -> bool:
         """True when, at ``old_logprobs = logprobs`` (and ``rollout = old``), the gradient is
         REINFORCE's with the same aggregation: every gate, clip and weight is 1 there.
-        False for Clip-Cov, which removes its selected tokens (``tests/test_variants.py``,
+        False for Clip-Cov, which removes its selected tokens (``tests/reference/test_variants.py``,
         ``test_on_policy_gradient_is_the_policy_gradient``)."""
         return self.surrogate is not SurrogateKind.CLIP_COV
 

@@ -208,7 +208,7 @@ def clip_region(*, ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConf
     ``A > 0 and r > high``, ``A < 0 and r < low``, or, with dual clip ``c``,
     ``A < 0 and r > c`` (``low``/``high`` from :class:`ClipConfig`, relative or absolute).
     Boundaries are open: at ``r = high`` the gradient is still non-zero. Enforced against
-    autograd in ``tests/test_losses.py``.
+    autograd in ``tests/reference/test_losses.py``.
     """
     pos, neg = advantages > 0, advantages < 0
     region = torch.zeros_like(ratio, dtype=torch.bool)

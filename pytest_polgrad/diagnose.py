@@ -1356,7 +1356,7 @@ _NEAR = 100.0
 candidate must come to be named when nothing matches: with five corpus losses and hundreds
 of candidates, an unrelated one fits a deviation several times better by chance (GSPO's
 clip range, swapped, fit a GRPO loss dividing each row by its length + 1/2 8.3x better than
-GRPO's own semantics, tests/test_diagnose_divisors.py)."""
+GRPO's own semantics, tests/kinds/policy_loss/diagnose/test_divisors.py)."""
 
 
 def closest(ranking: list[Match], target: PolicyLossConfig) -> tuple[Match, bool]:

@@ -106,18 +106,18 @@ def pytest_sessionfinish(session, exitstatus):  # type: ignore[no-untyped-def]
 
 ONE_WORKER = frozenset(
     {
-        "tests/test_advantages_report.py",
-        "tests/test_conformance_calls.py",
-        "tests/test_diagnose_speed.py",
-        "tests/test_diagnostics_example.py",
-        "tests/test_packaging.py",
-        "tests/test_script_snippets.py",
-        "tests/test_snippets_run.py",
+        "tests/kinds/advantages/test_report.py",
+        "tests/kinds/policy_loss/test_calls.py",
+        "tests/kinds/policy_loss/diagnose/test_speed.py",
+        "tests/reference/diagnostics/test_example.py",
+        "tests/faces/test_packaging.py",
+        "tests/faces/test_script_snippets.py",
+        "tests/faces/test_snippets_run.py",
     }
 )
 """The modules with a module-scoped fixture, each costly (a snippet interpreter, a script
 run, a wheel build, a failing session): every worker that ran one of their tests would
-build it again (``tests/test_suite_scheduling.py`` keeps the list complete). xdist's own
+build it again (``tests/helpers/test_suite_scheduling.py`` keeps the list complete). xdist's own
 ``--dist loadgroup`` does not group under pytest 9.2 (pytest-dev/pytest-xdist#1386)."""
 
 

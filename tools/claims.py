@@ -1,7 +1,7 @@
 """Every documented claim and the test node that enforces it: the one source of the claim
 tables in README.md and docs/index.md (rendered by ``tools/generate_docs.py``).
 
-``tests/test_claims.py`` checks that every claimed test exists and the tables are current;
+``tests/docs/test_claims.py`` checks that every claimed test exists and the tables are current;
 ``tests/conftest.py`` fails a whole-suite run in which a claimed test did not pass.
 """
 
@@ -33,99 +33,99 @@ CLAIMS: tuple[Claim, ...] = (
         "aggregate(x, m, mode) equals sum_t w_t x_t with closed-form weights, bitwise, "
         "including autograd",
         "aggregation.md",
-        "tests/test_aggregate.py::test_gradient_is_the_weights_bitwise",
+        "tests/reference/test_aggregate.py::test_gradient_is_the_weights_bitwise",
         seed=True,
     ),
     Claim(
         "micro-batch aggregation weights equal autograd of an explicit accumulation loop",
         "aggregation.md",
-        "tests/test_aggregate.py::test_microbatch_weights_equal_autograd_of_an_accumulation_loop",
+        "tests/reference/test_aggregate.py::test_microbatch_weights_equal_autograd_of_an_accumulation_loop",
         seed=True,
     ),
     Claim(
         "E[k1] = E[k3] = KL(pi || ref) exactly on a categorical",
         "kl.md",
-        "tests/test_kl.py::test_k1_and_k3_expectations_equal_kl_exactly",
+        "tests/reference/test_kl.py::test_k1_and_k3_expectations_equal_kl_exactly",
         seed=True,
     ),
     Claim(
         "k2's bias is third order in the log-ratio, with the predicted coefficient",
         "kl.md",
-        "tests/test_kl.py::test_k2_bias_is_third_order_with_the_predicted_coefficient",
+        "tests/reference/test_kl.py::test_k2_bias_is_third_order_with_the_predicted_coefficient",
         seed=True,
     ),
     Claim(
         "the k2-as-loss gradient equals the reverse-KL score-function surrogate's, bitwise, "
         "for every aggregation",
         "kl.md",
-        "tests/test_kl.py::test_k2_loss_gradient_equals_surrogate_gradient_bitwise",
+        "tests/reference/test_kl.py::test_k2_loss_gradient_equals_surrogate_gradient_bitwise",
         seed=True,
     ),
     Claim(
         "the k3-as-loss gradient is not grad KL: Monte Carlo, > 10 CLT tolerances away "
         "(k1 likewise; k2 and the '+' estimators give it)",
         "derivations/kl.md",
-        "tests/test_verify.py::test_k1_and_k3_gradients_as_a_loss_are_not_the_kl_gradient",
+        "tests/reference/test_verify.py::test_k1_and_k3_gradients_as_a_loss_are_not_the_kl_gradient",
         seed=True,
     ),
     Claim(
         "k2 (and k1+/k3+/abs+, which carry k2's gradient) as a loss gives grad KL within "
         "CLT tolerances on the softmax bandit",
         "derivations/kl.md",
-        "tests/test_verify.py::test_k2_gradient_as_a_loss_is_the_kl_gradient",
+        "tests/reference/test_verify.py::test_k2_gradient_as_a_loss_is_the_kl_gradient",
     ),
     Claim(
         "PG_CLIP, PG, REINFORCE and CISPO gradients coincide on-policy, bitwise",
         "losses.md",
-        "tests/test_losses.py::test_on_policy_pg_clip_pg_reinforce_cispo_gradients_coincide_bitwise",
+        "tests/reference/test_losses.py::test_on_policy_pg_clip_pg_reinforce_cispo_gradients_coincide_bitwise",
         seed=True,
     ),
     Claim(
         "GSPO-token's value equals GSPO-sequence's",
         "losses.md",
-        "tests/test_losses.py::test_gspo_token_value_equals_gspo_and_gradients_agree_for_sequence_advantages",
+        "tests/reference/test_losses.py::test_gspo_token_value_equals_gspo_and_gradients_agree_for_sequence_advantages",
         seed=True,
     ),
     Claim(
         "GSPO-token's gradient is token-local",
         "losses.md",
-        "tests/test_losses.py::test_gspo_token_gradient_is_token_local",
+        "tests/reference/test_losses.py::test_gspo_token_gradient_is_token_local",
         seed=True,
     ),
     Claim(
         "the clip zero-gradient region equals the autograd-zero tokens, including dual clip",
         "losses.md",
-        "tests/test_losses.py::test_clip_region_equals_autograd_zero_tokens",
+        "tests/reference/test_losses.py::test_clip_region_equals_autograd_zero_tokens",
         seed=True,
     ),
     Claim(
         "RLOO's leave-one-out advantage equals (G/(G-1)) (r - mean)",
         "advantages.md",
-        "tests/test_advantages.py::test_rloo_equals_scaled_centred_reward",
+        "tests/reference/test_advantages.py::test_rloo_equals_scaled_centred_reward",
         seed=True,
     ),
     Claim(
         "importance ESS/n is exactly 1 on-policy",
         "diagnostics.md",
-        "tests/test_diagnostics_ess.py::test_on_policy_ess_is_exactly_one",
+        "tests/reference/diagnostics/test_ess.py::test_on_policy_ess_is_exactly_one",
         seed=True,
     ),
     Claim(
         "token ESS/n tends to exp(-sigma^2) under N(0, sigma^2) log-weight drift",
         "diagnostics.md",
-        "tests/test_diagnostics_ess.py::test_token_ess_converges_to_exp_minus_sigma_squared",
+        "tests/reference/diagnostics/test_ess.py::test_token_ess_converges_to_exp_minus_sigma_squared",
         seed=True,
     ),
     Claim(
         "the entropy changepoint test has an exact permutation level <= alpha",
         "diagnostics.md",
-        "tests/test_diagnostics_trend.py::test_level_is_exact_under_exchangeability",
+        "tests/reference/diagnostics/test_trend.py::test_level_is_exact_under_exchangeability",
         seed=True,
     ),
     Claim(
         "every registry algorithm optimises the softmax bandit to convergence",
         "derivations/index.md",
-        "tests/test_verify.py::test_every_registry_algorithm_optimises_the_bandit",
+        "tests/reference/test_verify.py::test_every_registry_algorithm_optimises_the_bandit",
         seed=True,
     ),
     # --------------------------------------------------------------------- reference
@@ -133,127 +133,127 @@ CLAIMS: tuple[Claim, ...] = (
         "fp64 gradcheck of every registry algorithm, stop-gradients frozen at the base "
         "point, over batches that reach every clip region",
         "derivations/index.md",
-        "tests/test_verify.py::test_gradcheck_every_registry_algorithm_on_ragged_batches",
+        "tests/reference/test_verify.py::test_gradcheck_every_registry_algorithm_on_ragged_batches",
     ),
     Claim(
         "the gradcheck catches a wrong backward and a stop-gradient hidden in no_grad",
         "derivations/index.md",
-        "tests/test_verify.py::test_gradcheck_catches_a_wrong_backward",
+        "tests/reference/test_verify.py::test_gradcheck_catches_a_wrong_backward",
     ),
     Claim(
         "the finite-difference formula check fails a wrong derivation and wrong code",
         "derivations/index.md",
-        "tests/test_verify.py::test_formula_check_fails_a_wrong_derivation",
+        "tests/reference/test_verify.py::test_formula_check_fails_a_wrong_derivation",
     ),
     Claim(
         "the hand-derived golden cases hold to 1e-14",
         "derivations/goldens.md",
-        "tests/test_verify.py::test_hand_derived_golden",
+        "tests/reference/test_verify.py::test_hand_derived_golden",
     ),
     Claim(
         "the demo reproduces the seed's table (losses to 8 decimals, gradient masses to 5)",
         "index.md",
-        "tests/test_example.py::test_table_numbers_match_the_seed",
+        "tests/docs/test_example.py::test_table_numbers_match_the_seed",
     ),
     Claim(
         "the clip report's killed set equals autograd's zero set",
         "diagnostics.md",
-        "tests/test_diagnostics_clip.py::test_killed_set_equals_autograd_zero_set",
+        "tests/reference/diagnostics/test_clip.py::test_killed_set_equals_autograd_zero_set",
     ),
     Claim(
         "the run monitor's false-alarm rate over 10,000 null steps is within its bound",
         "diagnostics.md",
-        "tests/test_diagnostics_monitor.py::test_false_alarm_rate_over_10000_null_steps_is_within_the_bound",
+        "tests/reference/diagnostics/test_monitor.py::test_false_alarm_rate_over_10000_null_steps_is_within_the_bound",
     ),
     Claim(
         "every bad input to the reference gets a named error",
         "losses.md",
-        "tests/test_validation.py::test_malformed_inputs",
+        "tests/reference/test_validation.py::test_malformed_inputs",
     ),
     # ------------------------------------------------------------------------- kit
     Claim(
         "ids and verdicts are identical serially and under -n 2",
         "conformance.md",
-        "tests/test_conformance_plugin.py::test_ids_and_verdicts_identical_serial_and_xdist",
+        "tests/pytest/test_plugin.py::test_ids_and_verdicts_identical_serial_and_xdist",
     ),
     Claim(
         "loading the plugin does not import torch",
         "conformance.md",
-        "tests/test_conformance_plugin.py::test_plugin_load_does_not_import_torch",
+        "tests/pytest/test_plugin.py::test_plugin_load_does_not_import_torch",
     ),
     Claim(
         "the tolerance model: float32 inside passes with a note and fails strict",
         "tolerance.md",
-        "tests/test_tolerance_model.py::test_float32_internal_passes_with_a_note_and_fails_strict",
+        "tests/core/test_tolerance.py::test_float32_internal_passes_with_a_note_and_fails_strict",
     ),
     Claim(
         "the diagnosis names an always-on dual clip, a missing stop-gradient and "
         "unpublished constants with their marker line",
         "conformance.md",
-        "tests/test_diagnose.py::test_always_on_dual_clip_is_named",
+        "tests/kinds/policy_loss/diagnose/test_diagnose.py::test_always_on_dual_clip_is_named",
     ),
     # -------------------------------------- documentation and the suite's own honesty
     Claim(
         "each aggregation mode equals its paper's equation, written as Python loops (the "
         "seed claim's bitwise test compares aggregate with token_weights, both reference code)",
         "aggregation.md",
-        "tests/test_aggregate.py::test_aggregate_matches_the_papers_equation",
+        "tests/reference/test_aggregate.py::test_aggregate_matches_the_papers_equation",
     ),
     Claim(
         "every block of the quickstart runs as written in a throwaway project, its outputs "
         "as shown",
         "quickstart.md",
-        "tests/test_quickstart.py::test_every_block_runs_as_written",
+        "tests/docs/test_quickstart.py::test_every_block_runs_as_written",
     ),
     Claim(
         "every marker keyword is on the options page with the code's default",
         "options.md",
-        "tests/test_options_page.py::test_every_marker_keyword_has_a_row_with_its_default",
+        "tests/docs/test_options_page.py::test_every_marker_keyword_has_a_row_with_its_default",
     ),
     Claim(
         "every command-line and ini option of the plugin is on the options page",
         "options.md",
-        "tests/test_options_page.py::test_every_command_line_and_ini_option_is_listed",
+        "tests/docs/test_options_page.py::test_every_command_line_and_ini_option_is_listed",
     ),
     Claim(
         "masked rollout IS drops out-of-band tokens from every denominator (a mixed keep-mask)",
         "losses.md",
-        "tests/test_mutants_rollout_is.py::test_masked_is_drops_out_of_band_tokens_from_every_denominator",
+        "tests/mutants/test_rollout_is.py::test_masked_is_drops_out_of_band_tokens_from_every_denominator",
     ),
     Claim(
         "GRPO-TIS truncates at its published cap C = 2 on ratios beyond it",
         "losses.md",
-        "tests/test_mutants_rollout_is.py::test_grpo_tis_truncates_at_its_published_cap",
+        "tests/mutants/test_rollout_is.py::test_grpo_tis_truncates_at_its_published_cap",
     ),
     Claim(
         "CISPO's gradient is the truncated weight times the advantage, capped tokens included",
         "losses.md",
-        "tests/test_mutants_stop_gradient.py::test_cispo_gradient_is_the_truncated_weight_times_the_advantage",
+        "tests/mutants/test_stop_gradient.py::test_cispo_gradient_is_the_truncated_weight_times_the_advantage",
     ),
     Claim(
         "GSPO-token: zero gradient on clipped rows, token-local elsewhere, both sides reached",
         "losses.md",
-        "tests/test_mutants_stop_gradient.py::test_gspo_token_gradient_is_zero_on_clipped_rows_and_token_local_elsewhere",
+        "tests/mutants/test_stop_gradient.py::test_gspo_token_gradient_is_zero_on_clipped_rows_and_token_local_elsewhere",
     ),
     Claim(
         "token-sum micro-batches accumulate with sum scaling (the kit's micro-batch check)",
         "aggregation.md",
-        "tests/test_mutants_microbatch.py::test_micro_batch_check_accepts_a_correct_token_sum_loss",
+        "tests/mutants/test_microbatch.py::test_micro_batch_check_accepts_a_correct_token_sum_loss",
     ),
     Claim(
         "the kink band holds at its boundaries (0.5x inside, 1.5x outside)",
         "tolerance.md",
-        "tests/test_mutants_kinks.py::test_token_band_native_inputs_scales_with_one_plus_the_log_ratio",
+        "tests/mutants/test_kinks.py::test_token_band_native_inputs_scales_with_one_plus_the_log_ratio",
     ),
     Claim(
         "every registry constant is pinned next to its source",
         "registry.md",
-        "tests/test_mutants_registry.py::test_registry_constants_are_the_cited_ones",
+        "tests/mutants/test_registry.py::test_registry_constants_are_the_cited_ones",
     ),
     Claim(
         "every test the docs and docstrings name exists",
         "derivations/mutation.md",
-        "tests/test_mutants_references.py::test_every_named_test_exists",
+        "tests/docs/test_references.py::test_every_named_test_exists",
     ),
     # ------------------------------------------------------- targets, frameworks, safety
     Claim(
@@ -261,95 +261,95 @@ CLAIMS: tuple[Claim, ...] = (
         "equals the full-batch reference; each known accumulation bug is flagged under its "
         "split and named",
         "conformance.md",
-        "tests/test_target_training_step.py::test_mutant_is_flagged_under_its_split_with_a_diagnosis",
+        "tests/kinds/training_step/test_kind.py::test_mutant_is_flagged_under_its_split_with_a_diagnosis",
     ),
     Claim(
         "correct token-mean, seq-mean-token-mean, seq-mean-token-sum and token-sum-norm "
         "accumulations pass, also computing in float32",
         "conformance.md",
-        "tests/test_target_training_step.py::test_correct_accumulation_passes",
+        "tests/kinds/training_step/test_kind.py::test_correct_accumulation_passes",
     ),
     Claim(
         "wrong advantage estimators (population std, eps in the sqrt, RLOO without G/(G-1), "
         "GAE ignoring dones, ...) are flagged and named",
         "conformance.md",
-        "tests/test_target_advantages.py::test_wrong_estimators_are_flagged_with_a_diagnosis",
+        "tests/kinds/advantages/test_kind.py::test_wrong_estimators_are_flagged_with_a_diagnosis",
     ),
     Claim(
         "wrong KL penalties (k3 with a flipped log-ratio, k2 without 1/2, missing clamp, ...) "
         "are flagged and named",
         "conformance.md",
-        "tests/test_target_kl.py::test_wrong_estimator_is_flagged_and_named",
+        "tests/kinds/kl/test_kind.py::test_wrong_estimator_is_flagged_and_named",
     ),
     Claim(
         "wrong aggregations, value losses and entropy terms are flagged and named",
         "conformance.md",
-        "tests/test_target_aggregation.py::test_wrong_aggregation_is_flagged",
+        "tests/kinds/aggregation/test_kind.py::test_wrong_aggregation_is_flagged",
     ),
     Claim(
         "every correct loss passes every check on 30 pooled batches per check at the "
         "default sizes, in float64, float32 inside, float32 and bfloat16 inputs, and "
         "bfloat16 inputs computed in float32 with strict (no false alarm)",
         "tolerance.md",
-        "tests/test_sweep_correct.py::test_every_correct_loss_passes_every_check_at_default_sizes",
+        "tests/kinds/policy_loss/test_sweep_correct.py::test_every_correct_loss_passes_every_check_at_default_sizes",
     ),
     Claim(
         "a rollout-IS keep/drop decision within rounding of its band is not judged, and a "
         "wrong band is still caught",
         "tolerance.md",
-        "tests/test_is_decisions.py::test_a_wrong_band_is_caught_in_float64",
+        "tests/kinds/policy_loss/test_is_decisions.py::test_a_wrong_band_is_caught_in_float64",
     ),
     Claim(
         "a difference visible on the canonical corpus (verl's always-on dual clip) is found "
         "at every seed and under every function name, at 5 examples",
         "conformance.md",
-        "tests/test_engine_pool.py::test_corpus_finds_the_dual_clip_at_every_seed_and_name",
+        "tests/core/test_engine_pool.py::test_corpus_finds_the_dual_clip_at_every_seed_and_name",
     ),
     Claim(
         "bugs that only show at realistic sizes (chunked means, truncation at 300 tokens, "
         "past 1024 tokens) are flagged with default options",
         "conformance.md",
-        "tests/test_realistic_sizes.py::test_mutant_is_flagged_with_default_options",
+        "tests/kinds/policy_loss/test_realistic_sizes.py::test_mutant_is_flagged_with_default_options",
     ),
     Claim(
         "an early-stopped --snapshot-update (-x, Ctrl-C, collection error, crashed worker) "
         "deletes no snapshot, serially and under -n 2",
         "snapshots.md",
-        "tests/test_snapshot_safety.py::test_an_early_stop_deletes_no_snapshot",
+        "tests/pytest/test_snapshot_safety.py::test_an_early_stop_deletes_no_snapshot",
     ),
     Claim(
         "expect= never excuses a raised exception, a non-finite result or a larger "
         "deviation than declared",
         "conformance.md",
-        "tests/test_expect_semantics.py::test_a_verdict_is_never_excused",
+        "tests/core/test_expect_semantics.py::test_a_verdict_is_never_excused",
     ),
     Claim(
         "a declared deviation's size is one number in the -rx reason, the summary table and "
         "the JSON report; a pin at the printed size holds, one below it fails as grown",
         "conformance.md",
-        "tests/test_expect_sizes.py::test_reason_table_and_json_agree_and_a_pin_at_the_printed_size_holds",
+        "tests/core/test_expect_sizes.py::test_reason_table_and_json_agree_and_a_pin_at_the_printed_size_holds",
     ),
     Claim(
         "a reproduction snippet too long to print is saved under pytest's basetemp, the "
         "same text the report would print, and the report names the file",
         "conformance.md",
-        "tests/test_saved_snippets.py::test_a_marked_function_saves_its_long_snippet_under_the_basetemp",
+        "tests/pytest/test_saved_snippets.py::test_a_marked_function_saves_its_long_snippet_under_the_basetemp",
     ),
     Claim(
         "every bad input in the table gets its named error, never a traceback",
         "options.md",
-        "tests/test_bad_inputs.py::test_the_count_of_bad_inputs",
+        "tests/faces/test_bad_inputs.py::test_the_count_of_bad_inputs",
     ),
     Claim(
         "the frameworks' recorded outputs equal the reference configs claimed for them, "
         "without the frameworks installed",
         "frameworks.md",
-        "tests/test_frameworks_recorded.py::test_recorded_outputs_equal_the_claimed_reference",
+        "tests/frameworks/test_recorded.py::test_recorded_outputs_equal_the_claimed_reference",
     ),
     Claim(
         "each recorded framework deviation still shows in the recorded outputs",
         "frameworks.md",
-        "tests/test_frameworks_recorded.py::test_recorded_outputs_differ_from_the_named_algorithm",
+        "tests/frameworks/test_recorded.py::test_recorded_outputs_differ_from_the_named_algorithm",
     ),
 )
 

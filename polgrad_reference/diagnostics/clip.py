@@ -17,7 +17,7 @@ in the open regions ``A > 0, r > 1 + eps_high`` (``high``), ``A < 0, r < 1 - eps
 ``cispo``'s clip truncates a stop-gradient weight that stays positive and ``pg`` /
 ``reinforce`` have no clip: their killed set is empty (the truncated fraction is still
 reported). The killed set equals autograd's zero set of ``policy_loss`` (tokens with
-``A != 0``; no IS-mask correction, no KL term): ``tests/test_diagnostics_clip.py``.
+``A != 0``; no IS-mask correction, no KL term): ``tests/reference/diagnostics/test_clip.py``.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ with a standard error that treats rows as independent units (advantages are shar
 within a response): with the influence function ``IF_i = (x_i - x_bar)(y_i - y_bar) -
 cov``, ``Var(cov) = B/(B-1) sum_b (sum_{i in b} IF_i)^2 / N^2``. Null: log-probabilities
 independent of advantages, rows i.i.d.; then ``z = cov / se -> N(0, 1)`` as ``B`` grows
-(``tests/test_diagnostics_covariance.py`` calibrates it).
+(``tests/reference/diagnostics/test_covariance.py`` calibrates it).
 """
 
 from __future__ import annotations

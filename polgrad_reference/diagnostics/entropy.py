@@ -17,7 +17,7 @@ The standard error treats rows as the independent units (tokens within a respons
 dependent): ``Var(H_hat) = B/(B-1) * sum_b (S_b - H_hat L_b)^2 / N^2`` with ``S_b`` the
 row's sum (the ratio-estimator delta method: Cochran 1977, *Sampling Techniques*,
 ch. 6).
-Tests: ``tests/test_diagnostics_entropy.py``.
+Tests: ``tests/reference/diagnostics/test_entropy.py``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ batch-dependent normaliser of every mode) and is a smooth function of five row m
 ``Var(D) = G/(G-1) sum_c (sum_{b in c} grad D(m) . (z_b - m))^2 / B^2`` over ``G``
 clusters ``c`` (rows, or the ``groups`` of GRPO-style advantages, whose rows are
 dependent), and the interval ``D +- Phi^{-1}((1 + level) / 2) se``. Its coverage is
-calibrated by Monte Carlo in ``tests/test_diagnostics_length.py``; under the null
+calibrated by Monte Carlo in ``tests/reference/diagnostics/test_length.py``; under the null
 ``E[A | L] = 0``, ``D = 0``.
 """
 

@@ -20,7 +20,7 @@ holds for any null ``z`` with ``E exp(2k(z - k)) <= 1`` (sub-Gaussian, variance 
 Siegmund's approximation of the in-control average run length per side,
 ``ARL0 ~ (exp(2kb) - 2kb - 1) / (2k^2)``, ``b = h + 1.166`` (Siegmund 1985, *Sequential
 Analysis*), is reported for orientation only; the guarantee is the bound above.
-Enforced in ``tests/test_diagnostics_monitor.py`` on runs of 10,000 null steps.
+Enforced in ``tests/reference/diagnostics/test_monitor.py`` on runs of 10,000 null steps.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ floor(alpha (M + 1)) / (M + 1) <= alpha`` for every ``n`` and ``M``, with equali
 permuted statistic ties the observed one (ties count against the alarm; they occur when
 the maximum sits at an edge split) — a Monte Carlo permutation test (Phipson & Smyth
 2010, Stat. Appl. Genet. Mol. Biol. 9(1), "Permutation p-values should never be zero").
-The default ``M = 199`` makes the level ``0.05``. Calibrated in ``tests/test_diagnostics_trend.py``.
+The default ``M = 199`` makes the level ``0.05``. Calibrated in
+``tests/reference/diagnostics/test_trend.py``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from pytest_polgrad.strategies import (
     row_extents,
     unpack,
 )
-from tests.snippet_driver import HASH_SEED, run_snippets
+from tests.helpers.snippet_driver import HASH_SEED, run_snippets
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -115,7 +115,7 @@ _CHILD = textwrap.dedent(
     print(drawn.hexdigest(), rebuilt.hexdigest())
     """
 )
-"""Run in the suite's snippet interpreter (``tests/snippet_driver.py``): another process,
+"""Run in the suite's snippet interpreter (``tests/helpers/snippet_driver.py``): another process,
 with another hash seed (``HASH_SEED``), the kit imported afresh (``fresh_kit``); ``THREADS`` and
 ``PLANS`` are filled in."""
 

@@ -19,7 +19,7 @@ from pytest_polgrad.engine import build_context, checks_for, kind_of
 from pytest_polgrad.options import parse_marker
 from pytest_polgrad.strategies import Batch, batches
 from pytest_polgrad.strategies._sample import RandomDraw, filtered, mapped, sample, sampleable
-from tests.snippet_driver import HASH_SEED, run_snippets
+from tests.helpers.snippet_driver import HASH_SEED, run_snippets
 
 ROOT = Path(__file__).parents[2]
 
@@ -43,7 +43,7 @@ def test_same_seed_same_batches_different_seed_different_batches() -> None:
 def test_a_pool_drawn_in_another_process_is_bitwise_identical(tmp_path: Path) -> None:
     """What xdist needs: another worker (another hash seed, thread count) draws the same
     pool from the same seed: here the suite's snippet interpreter
-    (``tests/snippet_driver.py``: another process, hash seed ``HASH_SEED``, the kit
+    (``tests/helpers/snippet_driver.py``: another process, hash seed ``HASH_SEED``, the kit
     imported afresh: ``fresh_kit``)."""
     code = textwrap.dedent(
         f"""
