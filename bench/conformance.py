@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.engine import applicable_checks, build_context, resolve_config, run_check
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import applicable_checks, build_context, resolve_config, run_check
+from pytest_polgrad.core.options import parse_marker
 
 Tensor = torch.Tensor
 
@@ -69,7 +69,7 @@ def _shared() -> dict[str, Any]:
 
     if "shared" not in inspect.signature(run_check).parameters:
         return {}
-    from pytest_polgrad.targets import CallStore
+    from pytest_polgrad.core.kinds import CallStore
 
     return {"shared": CallStore()}
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.engine import (
+from pytest_polgrad.core.engine import (
     _find_check,
     _pool,
     applicable_checks,
@@ -28,7 +28,7 @@ from pytest_polgrad.engine import (
     kind_of,
     resolve_config,
 )
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.options import parse_marker
 
 # (reference, marker options): dtypes, per-token advantages, holes, NaN padding, KL and
 # rollout-IS inputs

@@ -15,9 +15,9 @@ _LAZY = {
     "assert_conforms": "pytest_polgrad.api",
     "ConformanceError": "pytest_polgrad.api",
     "ConformanceReport": "pytest_polgrad.api",
-    "CheckResult": "pytest_polgrad.engine",
-    "CHECKS": "pytest_polgrad.checks",
-    "canonical_corpus": "pytest_polgrad.corpus",
+    "CheckResult": "pytest_polgrad.core.engine",
+    "CHECKS": "pytest_polgrad.kinds.policy_loss.checks",
+    "canonical_corpus": "pytest_polgrad.core.corpus",
 }
 
 __all__ = [
@@ -31,10 +31,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .api import ConformanceError, ConformanceReport, assert_conforms
-    from .checks import CHECKS
-    from .corpus import canonical_corpus
-    from .engine import CheckResult
+    from pytest_polgrad.api import ConformanceError, ConformanceReport, assert_conforms
+    from pytest_polgrad.core.corpus import canonical_corpus
+    from pytest_polgrad.core.engine import CheckResult
+    from pytest_polgrad.kinds.policy_loss.checks import CHECKS
 
 
 def __getattr__(name: str) -> Any:

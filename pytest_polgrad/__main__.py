@@ -62,7 +62,7 @@ def load_function(spec: str) -> Callable[..., Any]:
     try:
         fn = getattr(module, name)
     except AttributeError:
-        from .options import did_you_mean
+        from pytest_polgrad.core.options import did_you_mean
 
         raise UsageProblem(
             f"{where} has no attribute {name!r}{did_you_mean(name, dir(module))}"
@@ -80,8 +80,8 @@ def load_function(spec: str) -> Callable[..., Any]:
 def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = None) -> str:
     """A readable ranking of the semantics closest to ``fn``; raises ``Verdict`` when
     ``fn`` cannot be evaluated on the canonical corpus."""
-    from .diagnose import diagnose, explain
-    from .engine import build_context
+    from pytest_polgrad.core.engine import build_context
+    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import diagnose, explain
 
     ctx = build_context(fn, options, name=name)
     matches = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=top)
@@ -110,7 +110,7 @@ def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = 
 
 def _options(fn: Callable[..., Any], args: argparse.Namespace) -> Any:
     """The function's own marker options when it is marked, command-line flags override."""
-    from .options import parse_marker
+    from pytest_polgrad.core.options import parse_marker
 
     marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "polgrad_conforms"]
     reference, kwargs = ("grpo", {}) if not marks else (marks[0].args[0], dict(marks[0].kwargs))
@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from .target import Verdict
+    from pytest_polgrad.core.calls import Verdict
 
     def fail(message: str, code: int = 2) -> int:
         print(f"{PROG} which: {message}", file=sys.stderr)
@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         fn = load_function(args.function)
         options = _options(fn, args)
         name = args.function.partition("::")[2]
-        from .collect import reference_hint
-        from .engine import build_context
+        from pytest_polgrad.core.engine import build_context
+        from pytest_polgrad.pytest.collect import reference_hint
 
         try:
             build_context(fn, options, name=name)

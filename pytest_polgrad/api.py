@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .engine import CheckResult, build_context, resolve_config, run_check
-from .options import MarkerError, parse_marker
-from .targets import CallStore
+from pytest_polgrad.core.engine import CheckResult, build_context, resolve_config, run_check
+from pytest_polgrad.core.kinds import CallStore
+from pytest_polgrad.core.options import MarkerError, parse_marker
 
 __all__ = ["ConformanceError", "ConformanceReport", "assert_conforms"]
 
@@ -30,7 +30,7 @@ class ConformanceReport:
     unexcused: Mapping[str, str] = dataclasses.field(default_factory=dict)
     measured: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Declared check that failed -> its worst error on the canonical corpus, in
-    tolerances (what a declared ``max_error`` bounds: :func:`~pytest_polgrad.expect.size`)."""
+    tolerances (what a declared ``max_error`` bounds: :func:`~pytest_polgrad.core.expect.size`)."""
     bounds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Declared check -> its declared ``max_error``, where one is declared."""
 
@@ -59,7 +59,7 @@ class ConformanceReport:
         if r.check in self.unexcused:
             return "FAILED (declared, but not excused: " + self.unexcused[r.check] + ")"
         if r.check in self.expected:
-            from .expect import excused_reason
+            from pytest_polgrad.core.expect import excused_reason
 
             measured = self.measured.get(r.check)
             if measured is None:
@@ -81,7 +81,7 @@ class ConformanceReport:
 
     def summary(self) -> str:
         """One row per check: its status, then what happened (:meth:`_counts`)."""
-        from .notes import passing_notes
+        from pytest_polgrad.pytest.notes import passing_notes
 
         lines = [f"{self.function} against {self.reference!r} ({self.kind}):"]
         for r in self.results:
@@ -92,7 +92,7 @@ class ConformanceReport:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        from .report import repeated_verdict, verdict_key
+        from pytest_polgrad.kinds.policy_loss.report import repeated_verdict, verdict_key
 
         parts = [self.summary()]
         first: dict[str, str] = {}  # one full report per verdict, as the plugin prints
@@ -149,8 +149,8 @@ def assert_conforms(
     raise :class:`ConformanceError` on an undeclared failure, a declared one that
     ``expect=`` does not excuse (docs/conformance.md) or a stale ``expect=`` entry, and
     return the report otherwise. ``name`` is the function's name in reports."""
-    from .collect import checks_for_options
-    from .expect import judge
+    from pytest_polgrad.core.expect import judge
+    from pytest_polgrad.pytest.collect import checks_for_options
 
     opts = parse_marker((reference,), {**options, "max_examples": max_examples})
     if "golden" in opts.expect:

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from . import saved_snippets
-from .collect import Target, targets
-from .notes import passing_notes
-from .options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
-from .threads import apply as apply_threads
-from .threads import parse as parse_threads
+from pytest_polgrad.core import saved_snippets
+from pytest_polgrad.core.options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.pytest.collect import Target, targets
+from pytest_polgrad.pytest.notes import passing_notes
+from pytest_polgrad.pytest.threads import apply as apply_threads
+from pytest_polgrad.pytest.threads import parse as parse_threads
 
 MARKER = "polgrad_conforms"
 DEFAULT_SEED = 0
@@ -206,7 +206,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SNIPPETS_BEFORE] = saved_snippets.current()
     saved_snippets.save_under(_snippet_directory(config))
     config.pluginmanager.register(Reporter(config), "polgrad-reporter")
-    from .guard import SnapshotGuard
+    from pytest_polgrad.pytest.guard import SnapshotGuard
 
     config.pluginmanager.register(SnapshotGuard(config), "polgrad-snapshot-guard")
 
@@ -241,7 +241,7 @@ def _snippet_directory(config: pytest.Config) -> Callable[[], Path]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # Snapshot write errors belong to one session: a later session in this process (a
     # pytester in-process run) must not report an earlier one's failed write as its own.
-    snapshot = sys.modules.get(f"{__package__}.snapshot")  # not imported: nothing to forget
+    snapshot = sys.modules.get(f"{__package__}.core.golden_format")  # not imported: nothing to forget
     if snapshot is not None:
         snapshot.forget_write_errors()
 
@@ -290,7 +290,7 @@ class PolgradItem(pytest.Item):
         report = str(result.report)
         if not _is_verdict(report):
             return report
-        from .report import repeated_verdict, verdict_key
+        from pytest_polgrad.kinds.policy_loss.report import repeated_verdict, verdict_key
 
         first = self.target.verdicts.setdefault(verdict_key(str(result.message)), self.check)
         if first == self.check:
@@ -305,8 +305,8 @@ class PolgradItem(pytest.Item):
         self.check = check
 
     def runtest(self) -> None:
-        from .engine import build_context, run_check
-        from .expect import declared_fields, excused_reason, judge
+        from pytest_polgrad.core.engine import build_context, run_check
+        from pytest_polgrad.core.expect import declared_fields, excused_reason, judge
 
         s = settings(self.config)
         if _THREADS_SET not in self.config.stash:
@@ -381,7 +381,7 @@ class PolgradItem(pytest.Item):
 def _golden_item(collector: pytest.Module | pytest.Class, target: Target) -> pytest.Function:
     """The ``golden`` check: a real pytest function using syrupy's ``snapshot`` fixture,
     so ``--snapshot-update``, unused-snapshot reports and xdist locking all apply."""
-    from .golden import GoldenMismatch, golden_test
+    from pytest_polgrad.pytest.golden import GoldenMismatch, golden_test
 
     item = pytest.Function.from_parent(
         collector,
@@ -581,7 +581,7 @@ def _declared_sizes(rows: list[dict[str, Any]]) -> str:
     tolerance on the canonical corpus, declared at most 3e+03x" for each one over its
     bound, "declared, not shown by the canonical corpus: value" for those at most 1x
     there; "" when none has a size (an exact property's deviation has none)."""
-    from .expect import BASIS, fmt  # no torch
+    from pytest_polgrad.core.expect import BASIS, fmt  # no torch
 
     excused: list[str] = []
     unseen: list[str] = []
@@ -683,7 +683,7 @@ def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
 def polgrad_oracle() -> Callable[..., Any]:
     """Factory: ``polgrad_oracle("grpo", budget=8)`` returns a callable
     ``oracle(**batch) -> PolicyLossOutput`` of the reference (float64)."""
-    from .fixtures import make_oracle
+    from pytest_polgrad.pytest.fixtures import make_oracle
 
     return make_oracle
 
@@ -691,7 +691,7 @@ def polgrad_oracle() -> Callable[..., Any]:
 @pytest.fixture
 def polgrad_batch() -> Callable[..., Any]:
     """Factory of canonical batches: ``polgrad_batch("ragged", dtype=torch.float32)``."""
-    from .fixtures import make_batch
+    from pytest_polgrad.pytest.fixtures import make_batch
 
     return make_batch
 
@@ -700,7 +700,7 @@ def polgrad_batch() -> Callable[..., Any]:
 def polgrad_snapshot(snapshot: Any) -> Any:
     """syrupy's ``snapshot`` preconfigured for tensors and loss results: one ``.polgrad``
     text file per assertion, compared within the dtype's tolerance (docs/snapshots.md)."""
-    from .snapshot import PolgradSnapshotExtension
+    from pytest_polgrad.core.golden_format import PolgradSnapshotExtension
 
     return snapshot.use_extension(PolgradSnapshotExtension)
 
@@ -708,7 +708,7 @@ def polgrad_snapshot(snapshot: Any) -> Any:
 @pytest.fixture
 def polgrad_report_type() -> type:
     """The result type of one check (``CheckResult``), for typing custom reporting."""
-    from .engine import CheckResult
+    from pytest_polgrad.core.engine import CheckResult
 
     return CheckResult
 

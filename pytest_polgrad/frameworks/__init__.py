@@ -11,7 +11,7 @@ default suite checks those claims against the recorded outputs in
 
 from __future__ import annotations
 
-from ._pins import PINS, Pin
-from .deviations import DEVIATIONS, Deviation
+from pytest_polgrad.frameworks._pins import PINS, Pin
+from pytest_polgrad.frameworks.deviations import DEVIATIONS, Deviation
 
 __all__ = ["DEVIATIONS", "PINS", "Deviation", "Pin"]

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from ._pins import PINS
+from pytest_polgrad.frameworks._pins import PINS
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -29,7 +29,7 @@ SUPPORT = Path(__file__).with_name("support.txt")
 
 
 def _record(frameworks: Sequence[str], out: Path | None) -> int:
-    from .recorded import record, write
+    from pytest_polgrad.frameworks.recorded import record, write
 
     for fw in frameworks or list(PINS):
         path = write(record(fw), out)
@@ -39,15 +39,15 @@ def _record(frameworks: Sequence[str], out: Path | None) -> int:
 
 def _changes(against: Path | None, live_dir: Path | None = None) -> list[str]:
     """Lines describing every recorded output and deviation claim that changed."""
-    from .cases import CASES
-    from .recorded import compare_outputs, load, reference_outputs
+    from pytest_polgrad.frameworks.cases import CASES
+    from pytest_polgrad.frameworks.recorded import compare_outputs, load, reference_outputs
 
     lines: list[str] = []
     for fw in PINS:
         old = load(fw, against)
         new = load(fw, live_dir) if live_dir is not None else None
         if new is None:
-            from .recorded import record
+            from pytest_polgrad.frameworks.recorded import record
 
             new = record(fw)
         if new["version"] != old["version"]:
@@ -95,7 +95,7 @@ def _newest(py: str, dist: str) -> str:
 
 
 def _deviation_status(py: str, workdir: Path) -> dict[str, str]:
-    from .deviations import DEVIATIONS
+    from pytest_polgrad.frameworks.deviations import DEVIATIONS
 
     xml = workdir / "deviations.xml"
     ids = sorted({d.nodeid for d in DEVIATIONS})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from ._pins import PINS
+from pytest_polgrad.frameworks._pins import PINS
 
 __all__ = ["FrameworkNotInstalled", "installed_version", "require_installed"]
 

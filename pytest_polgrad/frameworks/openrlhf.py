@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ._adapt import require_installed
+from pytest_polgrad.frameworks._adapt import require_installed
 
 __all__ = ["aggregate_loss", "approx_kl", "load", "policy_loss", "value_loss"]
 

@@ -19,10 +19,9 @@ from typing import Any
 import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
-
-from ..corpus import CORPUS_VERSION, canonical_corpus
-from ._pins import PINS
-from .cases import CASES, Case, Reference
+from pytest_polgrad.core.corpus import CORPUS_VERSION, canonical_corpus
+from pytest_polgrad.frameworks._pins import PINS
+from pytest_polgrad.frameworks.cases import CASES, Case, Reference
 
 __all__ = [
     "SNAPSHOT_DIR",
@@ -85,7 +84,7 @@ def record_case(case: Case) -> Outputs:
 
 def record(framework: str) -> dict[str, Any]:
     """The snapshot document of ``framework``: provenance and every case's outputs."""
-    from ._adapt import require_installed
+    from pytest_polgrad.frameworks._adapt import require_installed
 
     version = require_installed(framework)
     pin = PINS[framework]

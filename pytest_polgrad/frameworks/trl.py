@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ._adapt import require_installed
+from pytest_polgrad.frameworks._adapt import require_installed
 
 __all__ = ["LOSS_TYPES", "grpo_config", "grpo_loss", "training_step"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._adapt import require_installed
+from pytest_polgrad.frameworks._adapt import require_installed
 
 __all__ = [
     "ACTOR_REQUIRED",

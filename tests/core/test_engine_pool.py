@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_polgrad import assert_conforms, engine
+from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError
-from pytest_polgrad.corpus import canonical_corpus
-from pytest_polgrad.engine import NON_DETERMINISTIC, build_context, checks_for, run_check
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core import engine
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.engine import NON_DETERMINISTIC, build_context, checks_for, run_check
+from pytest_polgrad.core.options import parse_marker
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor
@@ -125,7 +126,7 @@ def test_the_pool_is_drawn_once_for_every_check_and_function(
 def oracle_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """``[n]``: how many times the reference oracle itself has run (cache hits excluded:
     the shared oracle calls it only on a miss); reset it by assigning ``calls[0] = 0``."""
-    from pytest_polgrad.oracle import Oracle
+    from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
     calls = [0]
     real = Oracle.__call__
@@ -165,8 +166,8 @@ def test_golden_items_compute_each_reference_once_for_every_function(
     """Every golden item evaluates on the same corpus tensors (built once per process), so
     a second function's golden data finds every reference result in the oracle's cache;
     the stored values are the ones a fresh corpus gives."""
-    from pytest_polgrad import golden
-    from pytest_polgrad.targets import policy_loss
+    from pytest_polgrad.kinds.policy_loss import kind as policy_loss
+    from pytest_polgrad.pytest import golden
 
     monkeypatch.setattr(policy_loss, "_CORPORA", {})  # no corpus yet in this process
     calls = oracle_calls

@@ -52,9 +52,9 @@ def _run(fn: Callable[..., Any], expect: Any) -> Any:
 
 
 def test_the_declared_deviation_is_excused_and_measured() -> None:
-    from pytest_polgrad.engine import build_context, run_check
-    from pytest_polgrad.expect import excused_reason, fmt, judge, size
-    from pytest_polgrad.options import parse_marker
+    from pytest_polgrad.core.engine import build_context, run_check
+    from pytest_polgrad.core.expect import excused_reason, fmt, judge, size
+    from pytest_polgrad.core.options import parse_marker
 
     report = _run(declared, REASON)
     assert report.ok and not report.results[0].passed

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.expect import excused_reason, fmt, pin_hint, size, suggested_bound
+from pytest_polgrad.core.expect import excused_reason, fmt, pin_hint, size, suggested_bound
 from tests.helpers import inline_run
 
 pytest_plugins = ["pytester"]

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from syrupy.data import Snapshot, SnapshotCollection
 
-from pytest_polgrad.snapshot import (
+from pytest_polgrad.core.golden_format import (
     FORMAT,
     EntryScale,
     PolgradSnapshotExtension,
@@ -28,7 +28,7 @@ from pytest_polgrad.snapshot import (
     parse,
     render,
 )
-from pytest_polgrad.tolerance import Tolerance
+from pytest_polgrad.core.tolerance import Tolerance
 
 SPECIAL = [float("nan"), float("inf"), -float("inf"), -0.0, 0.0, 5e-324, 1e300, -1.5]
 

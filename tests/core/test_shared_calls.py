@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.engine import NON_DETERMINISTIC, build_context, run_check
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.targets import CallStore
+from pytest_polgrad.core.engine import NON_DETERMINISTIC, build_context, run_check
+from pytest_polgrad.core.kinds import CallStore
+from pytest_polgrad.core.options import parse_marker
 from tests.helpers import inline_run
 from tests.helpers import sample_losses as L
 

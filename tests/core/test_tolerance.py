@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.tolerance import Tolerance
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.core.tolerance import Tolerance
 from tests.helpers.sample_losses import dapo
 
 Tensor = torch.Tensor

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_polgrad.options import PROFILES, ConformanceOptions, override_keys
-from pytest_polgrad.targets import KINDS
+from pytest_polgrad.core.kinds import KINDS
+from pytest_polgrad.core.options import PROFILES, ConformanceOptions, override_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pytest_polgrad.__main__ import main
-from pytest_polgrad.options import MarkerError, parse_marker
+from pytest_polgrad.core.options import MarkerError, parse_marker
 from tests.helpers import inline_run
 
 pytest_plugins = ["pytester"]
@@ -96,8 +96,8 @@ def test_a_bad_override_gets_a_hint_about_its_own_value(
     """The collection error of a marker whose reference config cannot be built: a value
     outside a list of choices gets the closest choice, a known reference is never offered
     as the fix for another argument's error (it was: "... got -0.2 (did you mean 'grpo'?)")."""
-    from pytest_polgrad.collect import reference_hint
-    from pytest_polgrad.engine import resolve_config
+    from pytest_polgrad.core.engine import resolve_config
+    from pytest_polgrad.pytest.collect import reference_hint
 
     options = parse_marker((reference,), kwargs)
     with pytest.raises((ValueError, TypeError)) as info:
@@ -154,7 +154,7 @@ FIXTURE_CASES: list[tuple[str, str, str]] = [
 
 @pytest.mark.parametrize(("factory", "name", "words"), FIXTURE_CASES)
 def test_bad_fixture_names(factory: str, name: str, words: str) -> None:
-    from pytest_polgrad import fixtures
+    from pytest_polgrad.pytest import fixtures
 
     with pytest.raises(ValueError, match=words):
         getattr(fixtures, factory)(name)
@@ -267,7 +267,7 @@ def test_bad_settings_are_one_usage_error_at_startup(
 
 
 def _read(path: Path) -> Any:
-    from pytest_polgrad.snapshot import PolgradSnapshotExtension
+    from pytest_polgrad.core.golden_format import PolgradSnapshotExtension
 
     return PolgradSnapshotExtension().read_snapshot_data_from_location(
         snapshot_location=str(path), snapshot_name=path.stem, session_id="0"
@@ -275,7 +275,7 @@ def _read(path: Path) -> Any:
 
 
 def _explain(stored: Any) -> str:
-    from pytest_polgrad.snapshot import PolgradSnapshotExtension, explain
+    from pytest_polgrad.core.golden_format import PolgradSnapshotExtension, explain
 
     received = PolgradSnapshotExtension().serialize({"x": torch.tensor([1.0])})
     return "\n".join(explain(received, stored))
@@ -305,7 +305,7 @@ def test_unreadable_snapshot_files_are_named_for_what_they_are(
 def test_update_replaces_an_unreadable_file(tmp_path: Path) -> None:
     from syrupy.data import Snapshot, SnapshotCollection
 
-    from pytest_polgrad.snapshot import PolgradSnapshotExtension, parse
+    from pytest_polgrad.core.golden_format import PolgradSnapshotExtension, parse
 
     for content in (b"\xff\xfe\x00garbage", b"", "\ufeffformat = 1\n".encode()):
         path = tmp_path / "s.polgrad"
@@ -322,7 +322,7 @@ def test_a_failed_write_is_reported_as_such(
 ) -> None:
     from syrupy.data import Snapshot, SnapshotCollection
 
-    from pytest_polgrad import snapshot as snap
+    from pytest_polgrad.core import golden_format as snap
 
     def refuse(src: Any, dst: Any) -> None:
         raise PermissionError(13, "Permission denied", str(dst))

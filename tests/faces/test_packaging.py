@@ -79,8 +79,9 @@ def test_plugin_modules_import_no_torch() -> None:
     """What pytest loads for every session (the plugin, its collection, options, the
     snapshot guard, the kinds registry) imports neither torch nor Hypothesis."""
     code = (
-        "import sys, pytest_polgrad.plugin, pytest_polgrad.collect, pytest_polgrad.guard,"
-        " pytest_polgrad.options, pytest_polgrad.targets;"
+        "import sys, pytest_polgrad.plugin, pytest_polgrad.pytest.collect,"
+        " pytest_polgrad.pytest.guard,"
+        " pytest_polgrad.core.options, pytest_polgrad.core.kinds;"
         "bad = [m for m in ('torch', 'hypothesis', 'polgrad_reference') if m in sys.modules];"
         "assert not bad, bad"
     )

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import parse_marker
 from tests.helpers import inline_run
 from tests.helpers import sample_losses as L
 from tests.helpers.snippet_driver import run_snippets
@@ -443,7 +443,7 @@ def test_a_parametrized_function_is_imported_and_rebound(
 def test_a_device_snippet_moves_the_inputs_and_brings_the_gradient_back() -> None:
     """``device="cuda"`` (context built without touching CUDA: availability is checked
     at the first call): the snippet sends the function the same device tensors."""
-    from pytest_polgrad.reproduce import snippet
+    from pytest_polgrad.core.snippets import snippet
     from pytest_polgrad.strategies import Batch
 
     ctx = build_context(L.dapo, parse_marker(("dapo",), {"device": "cuda"}))

@@ -26,7 +26,7 @@ from polgrad_reference import (
     rloo_advantages,
 )
 from polgrad_reference.advantages import opo_advantages
-from pytest_polgrad.corpus import canonical_corpus
+from pytest_polgrad.core.corpus import canonical_corpus
 from pytest_polgrad.frameworks import openrlhf, trl, verl
 
 F64 = torch.float64

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_polgrad.corpus import CORPUS_VERSION
+from pytest_polgrad.core.corpus import CORPUS_VERSION
 from pytest_polgrad.frameworks import PINS
 from pytest_polgrad.frameworks.cases import CASES, Case, Reference
 from pytest_polgrad.frameworks.recorded import compare_outputs, load, reference_outputs

@@ -47,7 +47,9 @@ import pytest
 import torch
 from hypothesis import settings
 
-from pytest_polgrad import engine, report, snapshot
+from pytest_polgrad.core import engine
+from pytest_polgrad.core import golden_format as snapshot
+from pytest_polgrad.kinds.policy_loss import report
 from tests.helpers import forked_workers
 
 __all__ = ["PRELOAD", "STATE", "XDIST_ENV", "run"]

@@ -18,7 +18,7 @@ def reference_loss(cfg: Any, name: str = "reference_loss") -> Callable[..., Tens
     tensors ``cfg`` reads: the four core ones, plus ``ref_logprobs`` with an as-loss KL
     term and ``rollout_logprobs`` with an IS correction (the kit reads the signature)."""
     from polgrad_reference import policy_loss
-    from pytest_polgrad.oracle import Oracle
+    from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
     names = ("logprobs", "old_logprobs", "advantages", "response_mask", *Oracle(cfg).needs)
 

@@ -1,6 +1,6 @@
 """Every kind's reproduce section opens the same way (new-user trial): the report's header
 line is ``reproduce (standalone):`` and the snippet's first line is the comment saying how
-to run it (``pytest_polgrad.reproduce.how_to_run``). The policy-loss snippets read
+to run it (``pytest_polgrad.core.snippets.how_to_run``). The policy-loss snippets read
 ``reproduce (standalone; save it ...):`` and started with an import, unlike the others.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import ConformanceOptions, parse_marker
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import ConformanceOptions, parse_marker
 from tests.helpers import sample_losses as L
 
 HEAD = "\n  reproduce (standalone):\n\n"

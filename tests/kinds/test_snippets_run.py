@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import ConformanceOptions
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import ConformanceOptions
 from tests.helpers import inline_run
 from tests.helpers.snippet_driver import run_snippets
 

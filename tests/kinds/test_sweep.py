@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import ConformanceOptions
-from pytest_polgrad.targets import get_kind
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.kinds import get_kind
+from pytest_polgrad.core.options import ConformanceOptions
 from tests.kinds.aggregation import test_kind as agg
 from tests.kinds.kl import test_kind as kl
 from tests.kinds.training_step import test_kind as step

@@ -1,4 +1,4 @@
-"""``pytest_polgrad.checks``: what the sampled ``make mutate`` run left unpinned.
+"""``pytest_polgrad.kinds.policy_loss.checks``: what the sampled ``make mutate`` run left unpinned.
 
 - the self-comparison gradient scale includes the function's own gradient per row
   (``|g| + max_row |g|``): a correct loss 3000x the reference's, computed in float32,
@@ -15,8 +15,8 @@ import torch
 
 from polgrad_reference import ALGORITHMS
 from pytest_polgrad import assert_conforms
-from pytest_polgrad.checks import CHECKS, _worst_entries
-from pytest_polgrad.options import ConformanceOptions
+from pytest_polgrad.core.options import ConformanceOptions
+from pytest_polgrad.kinds.policy_loss.checks import CHECKS, _worst_entries
 
 
 def scaled_float32_grpo(

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from polgrad_reference import ALGORITHMS, PolicyLossConfig, SurrogateKind
-from pytest_polgrad.oracle import Oracle
-from pytest_polgrad.tolerance import KINK_ULPS, Tolerance, unit_roundoff
+from pytest_polgrad.core.tolerance import KINK_ULPS, Tolerance, unit_roundoff
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
 F64 = torch.float64
 OLD = -1.0

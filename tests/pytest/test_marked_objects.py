@@ -151,7 +151,7 @@ def _token_mean(x, mask):  # type: ignore[no-untyped-def]
 
 def test_assert_conforms_takes_a_kind() -> None:
     from pytest_polgrad import ConformanceError, assert_conforms
-    from pytest_polgrad.options import MarkerError
+    from pytest_polgrad.core.options import MarkerError
 
     report = assert_conforms(_token_mean, "dapo", kind="aggregation", max_examples=3)
     assert report.kind == "aggregation" and "padding-columns" in {r.check for r in report.results}

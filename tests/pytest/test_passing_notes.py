@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pytest_polgrad import assert_conforms
-from pytest_polgrad.notes import passing_notes
+from pytest_polgrad.pytest.notes import passing_notes
 from tests.core.test_tolerance import _cast
 from tests.helpers import inline_run
 from tests.helpers import sample_losses as L

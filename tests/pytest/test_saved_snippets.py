@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_polgrad import saved_snippets
+from pytest_polgrad.core import saved_snippets
 from tests.helpers import inline_run
 
 pytest_plugins = ["pytester"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_polgrad.corpus import CORPUS_VERSION, canonical_corpus
-from pytest_polgrad.snapshot import parse
+from pytest_polgrad.core.corpus import CORPUS_VERSION, canonical_corpus
+from pytest_polgrad.core.golden_format import parse
 from tests.helpers import inline_run
 
 SEMANTIC = range(40, 60)  # clip eps_high 0.28 -> 0.2 in step 2
@@ -27,7 +27,7 @@ RAISING = 71
 
 CONFTEST = """
 import pytest
-from pytest_polgrad.snapshot import PolgradSnapshotExtension
+from pytest_polgrad.core.golden_format import PolgradSnapshotExtension
 
 @pytest.fixture
 def polgrad_snapshot(snapshot):
@@ -287,8 +287,8 @@ def test_a_failed_write_is_not_reported_by_a_later_session(
 ) -> None:
     """A snapshot write error belongs to its session: a later session in the same process
     (a user's in-process pytester runs) reports its own mismatch, not the earlier write
-    error (``pytest_polgrad.snapshot._WRITE_ERRORS`` is forgotten at session start)."""
-    from pytest_polgrad import snapshot
+    error (``pytest_polgrad.core.golden_format._WRITE_ERRORS`` is forgotten at session start)."""
+    from pytest_polgrad.core import golden_format as snapshot
 
     monkeypatch.setattr(snapshot, "_WRITE_ERRORS", {})  # this test's sessions only
     pytester.makeconftest(REFUSING)

@@ -1,4 +1,4 @@
-"""``--polgrad-torch-threads`` (``pytest_polgrad/threads.py``): under pytest-xdist each
+"""``--polgrad-torch-threads`` (``pytest_polgrad/pytest/threads.py``): under pytest-xdist each
 worker gets its share of the CPUs at the first polgrad item; outside xdist, or with
 ``OMP_NUM_THREADS`` set, torch is left alone; ``N`` and ``keep`` do what they say; a bad
 value is one usage error."""
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pytest_polgrad import threads
+from pytest_polgrad.pytest import threads
 from tests.helpers import inline_run
 
 pytest_plugins = ["pytester"]

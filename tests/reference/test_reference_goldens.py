@@ -22,9 +22,8 @@ from polgrad_reference import (
     PolicyLossConfig,
     policy_loss,
 )
-from pytest_polgrad.corpus import CORPUS_VERSION, canonical_corpus
-from pytest_polgrad.oracle import Oracle
-from pytest_polgrad.snapshot import (
+from pytest_polgrad.core.corpus import CORPUS_VERSION, canonical_corpus
+from pytest_polgrad.core.golden_format import (
     EntryScale,
     PolgradSnapshotExtension,
     Tolerant,
@@ -32,7 +31,8 @@ from pytest_polgrad.snapshot import (
     flatten,
     parse,
 )
-from pytest_polgrad.tolerance import Tolerance
+from pytest_polgrad.core.tolerance import Tolerance
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
 SNAPSHOTS = Path(__file__).resolve().parents[2] / "snapshots"
 STRICT = Tolerance(torch.float64, strict=True)  # the reference computes exactly in float64

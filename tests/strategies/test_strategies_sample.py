@@ -14,9 +14,9 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from pytest_polgrad import engine
-from pytest_polgrad.engine import build_context, checks_for, kind_of
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core import engine
+from pytest_polgrad.core.engine import build_context, checks_for, kind_of
+from pytest_polgrad.core.options import parse_marker
 from pytest_polgrad.strategies import Batch, batches
 from pytest_polgrad.strategies._sample import RandomDraw, filtered, mapped, sample, sampleable
 from tests.helpers.snippet_driver import HASH_SEED, run_snippets

@@ -18,8 +18,8 @@ import torch
 
 from pytest_polgrad import ConformanceError, assert_conforms
 from pytest_polgrad.api import ConformanceReport
-from pytest_polgrad.engine import build_context
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.options import parse_marker
 from pytest_polgrad.strategies import RewardBatch
 from tests.helpers.snippet_driver import run_snippets
 from tests.kinds.advantages.test_kind import gae_ignores_dones, grpo_population_std
@@ -143,7 +143,7 @@ def _batch(kinds: tuple[str, ...]) -> RewardBatch:
 
 
 def test_a_drawn_batch_keeps_its_reward_patterns_under_a_label() -> None:
-    from pytest_polgrad.targets.advantages import shown_batch
+    from pytest_polgrad.kinds.advantages import shown_batch
 
     ctx = build_context(grpo_population_std, parse_marker(("grpo",), {"kind": "advantages"}))
     drawn = shown_batch(ctx, _batch(("binary", "equal")))

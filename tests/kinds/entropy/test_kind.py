@@ -13,7 +13,7 @@ import torch
 
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError, ConformanceReport
-from pytest_polgrad.options import MarkerError
+from pytest_polgrad.core.options import MarkerError
 from tests.helpers import inline_run
 
 BUDGET = 10

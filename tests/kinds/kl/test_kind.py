@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_polgrad.engine import CheckResult, build_context, run_check
-from pytest_polgrad.options import ConformanceOptions, MarkerError
-from pytest_polgrad.targets import get_kind
+from pytest_polgrad.core.engine import CheckResult, build_context, run_check
+from pytest_polgrad.core.kinds import get_kind
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from tests.helpers import inline_run
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.target import Verdict, guarded_call
+from pytest_polgrad.core.calls import Verdict, guarded_call
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import parse_marker
 
 FRAMEWORK = """
 def checked_loss(logprobs, advantages):

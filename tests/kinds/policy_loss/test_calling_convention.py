@@ -12,9 +12,7 @@ import pytest
 import torch
 
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import MarkerError, parse_marker
-from pytest_polgrad.target import (
+from pytest_polgrad.core.calls import (
     ALIASES,
     DeviceUnavailable,
     FunctionUnderTest,
@@ -23,6 +21,8 @@ from pytest_polgrad.target import (
     guarded_call,
     resolve_parameters,
 )
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import MarkerError, parse_marker
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor

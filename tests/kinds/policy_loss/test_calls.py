@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import parse_marker
 from tests.helpers.sample_losses import dapo, grpo_no_kl
 
 Tensor = torch.Tensor
@@ -241,7 +241,7 @@ def _gspo(
 
 @pytest.mark.parametrize("reference", ["gspo", "gspo_token"])
 def test_gspo_losses_pass_every_applicable_check(reference: str) -> None:
-    from pytest_polgrad.engine import applicable_checks, resolve_config
+    from pytest_polgrad.core.engine import applicable_checks, resolve_config
 
     opts = parse_marker((reference,), {})
     for check in applicable_checks(resolve_config(opts), opts):

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from pytest_polgrad.engine import applicable_checks, build_context, resolve_config, run_check
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import applicable_checks, build_context, resolve_config, run_check
+from pytest_polgrad.core.options import parse_marker
 from tests.helpers import sample_losses as L
 
 CASES: list[tuple[str, str, Callable[..., Any], Callable[..., Any]]] = [
@@ -49,7 +49,7 @@ def _run(
 
 
 def test_every_check_has_a_case() -> None:
-    from pytest_polgrad.checks import CHECKS
+    from pytest_polgrad.kinds.policy_loss.checks import CHECKS
 
     assert sorted(c for c, *_ in CASES) == sorted(CHECKS)
 

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from pytest_polgrad.checks import CheckFailure, check_gradient, check_value
-from pytest_polgrad.engine import build_context
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure, check_gradient, check_value
 
 Tensor = torch.Tensor
 

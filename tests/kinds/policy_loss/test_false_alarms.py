@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.checks import CHECKS, CheckFailure
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.checks import CHECKS, CheckFailure
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor
@@ -212,7 +212,7 @@ def test_a_gradient_rounded_to_the_inputs_subnormals_is_not_a_deviation(
     it computes in: below the smallest normal the gradient is a multiple of the subnormal
     spacing (9e-41 for bfloat16, 6e-8 for float16), so strict judging at float32 allows one
     spacing. Ten spacings off is still a deviation."""
-    from pytest_polgrad.tolerance import UNDERFLOW, Tolerance
+    from pytest_polgrad.core.tolerance import UNDERFLOW, Tolerance
 
     assert torch.tensor(expected).to(dtype).item() in (rounded, 0.0, rounded / 2)
     tol = Tolerance(dtype, strict=True)
@@ -300,7 +300,7 @@ def test_the_float16_corpus_keeps_exp_of_its_padding_finite() -> None:
     multiplies by the mask returned NaN on the canonical batches (six checks failed with
     "returned nan for a valid batch": a new-user trial finding). float16's corpus is
     version 3, with garbage a third as large; the other dtypes' are unchanged."""
-    from pytest_polgrad.corpus import CORPUS_VERSION, canonical_corpus, corpus_version
+    from pytest_polgrad.core.corpus import CORPUS_VERSION, canonical_corpus, corpus_version
 
     assert corpus_version(torch.float16) == 3
     assert {corpus_version(d) for d in (torch.float64, torch.float32, torch.bfloat16)} == {

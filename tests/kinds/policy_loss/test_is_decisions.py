@@ -10,9 +10,9 @@ import torch
 
 from polgrad_reference import ALGORITHMS, policy_loss
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.corpus import canonical_corpus
-from pytest_polgrad.oracle import Oracle
-from pytest_polgrad.tolerance import Tolerance
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.tolerance import Tolerance
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
 GEO = ALGORITHMS["grpo_geo_rs"].loss
 

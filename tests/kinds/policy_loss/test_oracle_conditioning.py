@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from polgrad_reference import ALGORITHMS, policy_loss
-from pytest_polgrad.checks import CheckFailure, check_gradient, check_value
-from pytest_polgrad.engine import build_context
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.oracle import Oracle
-from pytest_polgrad.tolerance import Tolerance
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.core.tolerance import Tolerance
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure, check_gradient, check_value
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
 Tensor = torch.Tensor
 
@@ -145,7 +145,7 @@ def test_the_value_only_oracle_matches_the_full_one_bitwise() -> None:
     (KL, IS correction, selections, budgets) on every canonical batch, in float64 and
     from bfloat16 inputs; its output's policy and KL terms sum to
     the loss (the diagnosis fits a KL coefficient from them)."""
-    from pytest_polgrad.corpus import canonical_corpus
+    from pytest_polgrad.core.corpus import canonical_corpus
 
     for dtype in (torch.float64, torch.bfloat16):
         corpus = canonical_corpus(dtype=dtype, advantages="sequence")

@@ -17,9 +17,9 @@ import torch
 
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.targets.policy_loss import KIND, REALISTIC_SIZES, SEARCH_ROWS, SEARCH_TOKENS
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.kind import KIND, REALISTIC_SIZES, SEARCH_ROWS, SEARCH_TOKENS
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor

@@ -26,7 +26,7 @@ import torch
 
 from examples.minitrainer.losses import compute_cispo_loss, compute_policy_loss
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.corpus import canonical_corpus
+from pytest_polgrad.core.corpus import canonical_corpus
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor

@@ -1,5 +1,6 @@
 """Diagnosis names a clip range no registry entry uses: the function's gradient brackets
-each PPO-clip bound, its losses pin it down (``pytest_polgrad/clip_fit.py``); a CISPO cap
+each PPO-clip bound, its losses pin it down
+(``pytest_polgrad/kinds/policy_loss/diagnose/clip_fit.py``); a CISPO cap
 is tried between the corpus's ratios. At half precision the bracket alone is said."""
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import pytest
 import torch
 
 from polgrad_reference import RatioKind
-from pytest_polgrad.clip_fit import bracket, intervals, shortest
-from pytest_polgrad.corpus import canonical_corpus
-from pytest_polgrad.diagnose import Explanation, explain
-from pytest_polgrad.engine import resolve_config
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.target import FunctionUnderTest
+from pytest_polgrad.core.calls import FunctionUnderTest
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.engine import resolve_config
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.diagnose.clip_fit import bracket, intervals, shortest
+from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import Explanation, explain
 from tests.helpers import sample_losses as L
 
 Loss = Callable[..., torch.Tensor]
@@ -24,7 +25,7 @@ Tensor = torch.Tensor
 
 def _explain(fn: Loss, reference: str, **options: object) -> Explanation:
     opts = parse_marker((reference,), dict(options))
-    from pytest_polgrad.engine import build_context
+    from pytest_polgrad.core.engine import build_context
 
     tolerance = build_context(fn, opts).tolerance
     return explain(
@@ -179,8 +180,8 @@ def test_a_bound_within_the_ratios_rounding_is_not_claimed(
     """One live token at r = 1.1 and one clipped at r = 1.275 bracket eps_high in
     [0.1, 0.275): that excludes dapo's 0.28 in float64, but bfloat16 rounds a ratio near
     1.28 by more than 0.005, so a clipped 1.275 may be the function's rounding of it."""
-    from pytest_polgrad.diagnose import _Scorer
-    from pytest_polgrad.tolerance import Tolerance
+    from pytest_polgrad.core.tolerance import Tolerance
+    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import _Scorer
 
     lp = torch.tensor([[0.0, 0.0]], dtype=torch.float64)
     old = -torch.log(torch.tensor([[1.1, 1.275]], dtype=torch.float64))
@@ -242,6 +243,6 @@ def test_a_bfloat16_ratio_rounded_across_the_bound_is_not_a_clip_range() -> None
 
 
 def test_a_nan_loss_determines_no_bound() -> None:
-    from pytest_polgrad.clip_fit import solve
+    from pytest_polgrad.kinds.policy_loss.diagnose.clip_fit import solve
 
     assert solve([(float("nan"), 1.0, [2.0]), (1.0, 0.5, [1.0])], 1e-6) is None

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from pytest_polgrad.engine import build_context
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.report import ignored_from
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.report import ignored_from
 
 Tensor = torch.Tensor
 OPTIONS = parse_marker(("grpo",), {})

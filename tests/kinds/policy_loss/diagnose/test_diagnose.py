@@ -17,11 +17,11 @@ from polgrad_reference import (
     KLRatioWeight,
     get_algorithm,
 )
-from pytest_polgrad.diagnose import Explanation, diagnose, explain
-from pytest_polgrad.engine import resolve_config
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.target import FunctionUnderTest
-from pytest_polgrad.tolerance import Tolerance
+from pytest_polgrad.core.calls import FunctionUnderTest
+from pytest_polgrad.core.engine import resolve_config
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.core.tolerance import Tolerance
+from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import Explanation, diagnose, explain
 from tests.helpers.sample_losses import reference_loss
 
 Loss = Callable[..., torch.Tensor]
@@ -180,7 +180,7 @@ def test_straight_through_k3_is_not_confused_with_k3() -> None:
 
 
 def test_a_surrogate_parameters_are_part_of_the_description() -> None:
-    from pytest_polgrad.diagnose import describe_config
+    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import describe_config
 
     text = describe_config(get_algorithm("sapo").loss)
     assert "sapo (tau_pos=1, tau_neg=1.05)" in text
@@ -229,7 +229,7 @@ def test_the_closest_candidate_is_chosen_on_value_and_gradient() -> None:
     tolerance in value for the wrong-sign KL loss while its gradient is about 3e5x off,
     and was named the closest. The nearest candidates by value are now scored in full,
     and only a fully scored one is named."""
-    from pytest_polgrad.diagnose import Match, closest
+    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import Match, closest
 
     opts = parse_marker(("grpo",), {})
     ranking = diagnose(FunctionUnderTest(_grpo_kl_wrong_sign, opts), resolve_config(opts),

@@ -16,11 +16,16 @@ import torch
 
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError
-from pytest_polgrad.corpus import canonical_corpus
-from pytest_polgrad.diagnose import Explanation, diagnose, explain, holds_on
-from pytest_polgrad.divisor import Divisor, DivisorOf
-from pytest_polgrad.engine import build_context
-from pytest_polgrad.options import parse_marker
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import (
+    Explanation,
+    diagnose,
+    explain,
+    holds_on,
+)
+from pytest_polgrad.kinds.policy_loss.diagnose.divisor import Divisor, DivisorOf
 
 Loss = Callable[..., torch.Tensor]
 Divide = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

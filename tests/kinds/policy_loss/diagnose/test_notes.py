@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from polgrad_reference import ALGORITHMS, get_algorithm
-from pytest_polgrad.diagnose import Explanation, explain
-from pytest_polgrad.engine import build_context, run_check
-from pytest_polgrad.options import ConformanceOptions, parse_marker
+from pytest_polgrad.core.engine import build_context, run_check
+from pytest_polgrad.core.options import ConformanceOptions, parse_marker
+from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import Explanation, explain
 from tests.helpers.sample_losses import reference_loss
 
 _K3_NOTE = "k3's gradient is not the gradient of KL(pi || ref)"

@@ -14,11 +14,17 @@ import pytest
 import torch
 
 from polgrad_reference import PolgradError
-from pytest_polgrad.corpus import canonical_corpus
-from pytest_polgrad.diagnose import _REFERENCES, Match, _ReferenceCache, diagnose, explain
-from pytest_polgrad.engine import build_context
-from pytest_polgrad.options import parse_marker
-from pytest_polgrad.oracle import Oracle
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import (
+    _REFERENCES,
+    Match,
+    _ReferenceCache,
+    diagnose,
+    explain,
+)
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
 Loss = Callable[..., torch.Tensor]
 
@@ -141,7 +147,7 @@ def test_a_second_diagnosis_reuses_the_references_and_says_the_same(cold: None, 
 def test_the_candidate_space_is_built_once_for_the_same_target_and_inputs(cold: None) -> None:
     """The first pass's configs depend on the function only through the optional tensors
     it takes: a second diagnosis against the same target reuses them (and says the same)."""
-    from pytest_polgrad import diagnose as d
+    from pytest_polgrad.kinds.policy_loss.diagnose import diagnosis as d
 
     d._first_pass_of.cache_clear()
     first = _explain(_grpo(1.0), "float64")

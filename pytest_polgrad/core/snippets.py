@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from polgrad_reference import Aggregation, RatioKind, SurrogateKind
 
 if TYPE_CHECKING:
-    from .checks import Context
+    from pytest_polgrad.kinds.policy_loss.checks import Context
 
 __all__ = [
     "Importable",

@@ -15,9 +15,8 @@ from polgrad_reference import (
     get_algorithm,
     policy_loss,
 )
-
-from .corpus import canonical_corpus
-from .options import did_you_mean
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.options import did_you_mean
 
 __all__ = ["make_batch", "make_oracle"]
 
@@ -47,7 +46,8 @@ def make_oracle(
 def make_batch(
     name: str = "ragged", *, dtype: torch.dtype = torch.float64, advantages: str = "sequence"
 ) -> dict[str, torch.Tensor]:
-    """A canonical corpus batch by name (see :func:`pytest_polgrad.corpus.canonical_corpus`)."""
+    """A canonical corpus batch by name (see
+    :func:`pytest_polgrad.core.corpus.canonical_corpus`)."""
     corpus = canonical_corpus(dtype=dtype, advantages=advantages)
     if name not in corpus:
         raise ValueError(

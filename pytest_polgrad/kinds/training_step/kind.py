@@ -32,12 +32,12 @@ import torch
 from hypothesis import strategies as st
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
-
-from ..checks import CheckFailure
-from ..corpus import canonical_corpus, corpus_version
-from ..options import ConformanceOptions, MarkerError
-from ..oracle import Oracle, OracleResult
-from ..reproduce import (
+from pytest_polgrad.core.calls import Verdict, _pick_loss
+from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
+from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.core.snippets import (
     check_lines,
     config_import,
     config_source,
@@ -45,15 +45,8 @@ from ..reproduce import (
     kind_snippet,
     pick_line,
 )
-from ..snapshot import EntryScale, Tolerant
-from ..strategies import batches
-from ..strategies._sample import composite
-from ..strategies._snippet import snippet as tensor_snippet
-from ..strategies._splits import Split, StepInfo, splits
-from ..target import Verdict, _pick_loss
-from . import Diagnosis, KindCheck
-from ._accumulation import Scheme, row_facts, schemes
-from ._tokens import (
+from pytest_polgrad.kinds._accumulation import Scheme, row_facts, schemes
+from pytest_polgrad.kinds._tokens import (
     TokenContext,
     bitwise_equal,
     call_guarded,
@@ -65,6 +58,12 @@ from ._tokens import (
     require_scalar,
     tolerance_for,
 )
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
+from pytest_polgrad.strategies import batches
+from pytest_polgrad.strategies._sample import composite
+from pytest_polgrad.strategies._snippet import snippet as tensor_snippet
+from pytest_polgrad.strategies._splits import Split, StepInfo, splits
 
 __all__ = ["KIND", "Accumulated", "StepInputs", "TrainingStepKind", "accumulate"]
 

@@ -15,8 +15,7 @@ from collections.abc import Callable
 import torch
 
 from polgrad_reference import Aggregation
-
-from ..strategies._splits import Split, StepInfo
+from pytest_polgrad.strategies._splits import Split, StepInfo
 
 __all__ = ["RowFacts", "Scheme", "row_facts", "schemes"]
 

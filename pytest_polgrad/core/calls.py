@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .options import ConformanceOptions, MarkerError
-from .strategies import left_to_right, pack, right_to_left, row_extents, unpack
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.strategies import left_to_right, pack, right_to_left, row_extents, unpack
 
 __all__ = [
     "ALIASES",
@@ -114,7 +114,7 @@ def _kit_directories() -> tuple[Path, ...]:
     """Where the kit's own code and torch live: frames there are not the user's code."""
     import polgrad_reference
 
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # the package root, not core/
     return (here, Path(polgrad_reference.__file__).resolve().parent, Path(torch.__file__).parent)
 
 

@@ -2,9 +2,10 @@
 ref_logprobs, rollout_logprobs, cu_seqlens]) -> scalar``, compared with
 ``polgrad_reference.policy_loss`` in float64.
 
-This module wires the existing pieces into the :class:`~pytest_polgrad.targets.Kind`
-contract: the checks of :mod:`pytest_polgrad.checks`, the call convention of
-:mod:`pytest_polgrad.target`, the oracle, the reports of :mod:`pytest_polgrad.report`,
+This module wires the existing pieces into the :class:`~pytest_polgrad.core.kinds.Kind`
+contract: the checks of :mod:`pytest_polgrad.kinds.policy_loss.checks`, the call convention of
+:mod:`pytest_polgrad.core.calls`, the oracle, the reports of
+:mod:`pytest_polgrad.kinds.policy_loss.report`,
 the diagnosis and the golden data. What it adds: the pool key (which options shape the
 batches), the realistic-size batches every check's pool holds, a per-batch cache of oracle
 results shared by every check and function, and a row/column shrinker for failures that
@@ -23,19 +24,23 @@ from typing import Any
 import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm
-
-from ..checks import CHECKS, Check, Context
-from ..corpus import canonical_corpus
-from ..options import ConformanceOptions, override_keys
-from ..oracle import Oracle, OracleResult
-from ..report import SEMANTIC_CHECKS, diagnosis_line, failure_report, snippet
-from ..strategies import EXTREME, Batch, BatchPlan, batches, build_many
-from ..strategies._domain import DOMAINS, boundaries
-from ..strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
-from ..strategies._values import _column_aims, base_floor
-from ..target import FunctionUnderTest, SignatureError
-from ..tolerance import Tolerance
-from . import CallStore, Diagnosis, KindCheck, remember
+from pytest_polgrad.core.calls import FunctionUnderTest, SignatureError
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.kinds import CallStore, Diagnosis, KindCheck, remember
+from pytest_polgrad.core.options import ConformanceOptions, override_keys
+from pytest_polgrad.core.tolerance import Tolerance
+from pytest_polgrad.kinds.policy_loss.checks import CHECKS, Check, Context
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
+from pytest_polgrad.kinds.policy_loss.report import (
+    SEMANTIC_CHECKS,
+    diagnosis_line,
+    failure_report,
+    snippet,
+)
+from pytest_polgrad.strategies import EXTREME, Batch, BatchPlan, batches, build_many
+from pytest_polgrad.strategies._domain import DOMAINS, boundaries
+from pytest_polgrad.strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
+from pytest_polgrad.strategies._values import _column_aims, base_floor
 
 __all__ = [
     "KIND",
@@ -71,7 +76,7 @@ batch stays representable (65504) for a loss that computes in float16."""
 
 @dataclasses.dataclass
 class PolicyLossContext(Context):
-    """:class:`~pytest_polgrad.checks.Context` plus the name pytest collected."""
+    """:class:`~pytest_polgrad.kinds.policy_loss.checks.Context` plus the name pytest collected."""
 
     name: str = ""
 
@@ -164,7 +169,7 @@ def _wrap(check: Check) -> KindCheck:
 
 
 class PolicyLossKind:
-    """The policy-loss :class:`~pytest_polgrad.targets.Kind` (see the module docstring)."""
+    """The policy-loss :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "policy_loss"
     summary = (
@@ -290,7 +295,7 @@ class PolicyLossKind:
         return failure_report(ctx, check, exc, inputs, replay, diagnose=diagnose)  # type: ignore[arg-type]
 
     def golden(self, ctx: Any) -> Any:
-        from ..golden import golden_data
+        from pytest_polgrad.pytest.golden import golden_data
 
         return golden_data(ctx.fut.fn, ctx.options)
 

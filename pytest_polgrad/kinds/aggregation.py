@@ -20,17 +20,13 @@ import torch
 from hypothesis import strategies as st
 
 from polgrad_reference import ALGORITHMS, Aggregation, aggregate, get_algorithm, token_weights
-
-from ..checks import CheckFailure
-from ..corpus import canonical_corpus, corpus_version
-from ..options import ConformanceOptions, MarkerError, did_you_mean
-from ..reproduce import check_lines, importable, kind_snippet, pick_line
-from ..snapshot import EntryScale, Tolerant
-from ..strategies import batches
-from ..strategies._sample import mapped
-from ..target import Verdict, _pick_loss
-from . import Diagnosis, KindCheck
-from ._tokens import (
+from pytest_polgrad.core.calls import Verdict, _pick_loss
+from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
+from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
+from pytest_polgrad.kinds._tokens import (
     TokenContext,
     TokenInputs,
     bitwise_equal,
@@ -42,6 +38,9 @@ from ._tokens import (
     require_scalar,
     tolerance_for,
 )
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.strategies import batches
+from pytest_polgrad.strategies._sample import mapped
 
 __all__ = ["KIND", "MASK_NAMES", "VALUE_NAMES", "AggregationKind", "AggregationRef"]
 

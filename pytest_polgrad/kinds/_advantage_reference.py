@@ -30,8 +30,7 @@ from polgrad_reference.advantages import (
 from polgrad_reference.advantages import (
     _whiten as whiten_validated,
 )
-
-from ..strategies import RewardBatch
+from pytest_polgrad.strategies import RewardBatch
 
 __all__ = [
     "CORPUS_VERSION",

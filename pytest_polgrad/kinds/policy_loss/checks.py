@@ -2,7 +2,7 @@
 
 A check either returns the worst error it saw (in units of its tolerance, ``<= 1``) or
 raises :class:`CheckFailure` carrying the batch and the numbers side by side. Hypothesis
-drives the batches and shrinks failures; see :mod:`pytest_polgrad.engine`.
+drives the batches and shrinks failures; see :mod:`pytest_polgrad.core.engine`.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from polgrad_reference import (
     RatioKind,
     SurrogateKind,
 )
-
-from .options import ConformanceOptions
-from .oracle import Oracle, OracleResult
-from .target import Evaluation, FunctionUnderTest, Verdict
-from .targets import SHARED_CALLS, CallStore, remember
-from .tolerance import Comparison, Tolerance
+from pytest_polgrad.core.calls import Evaluation, FunctionUnderTest, Verdict
+from pytest_polgrad.core.kinds import SHARED_CALLS, CallStore, remember
+from pytest_polgrad.core.options import ConformanceOptions
+from pytest_polgrad.core.tolerance import Comparison, Tolerance
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 
 __all__ = ["CHECKS", "Check", "CheckFailure", "Context"]
 
@@ -201,7 +200,7 @@ def _worst_entries(
 
 def evaluate(ctx: Context, batch: Batch) -> Evaluation:
     """``ctx.fut.call(batch)``: loss and gradient. While the engine screens the corpus and
-    the pool with a store (:data:`~pytest_polgrad.targets.SHARED_CALLS`), one call per
+    the pool with a store (:data:`~pytest_polgrad.core.kinds.SHARED_CALLS`), one call per
     (function, options, batch tensors) serves every check that compares a plain call on
     that batch (value, gradient, masked positions, the first call of padding-values,
     padding-columns, micro-batch and deterministic). An entry goes when a batch tensor is

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
-from .targets import (
+from pytest_polgrad.core.kinds import (
     SHARED_CALLS,
     CallStore,
     Diagnosis,
@@ -81,7 +81,7 @@ def _kind_name(options: Any) -> str:
 
 
 def kind_of(options: Any) -> Kind:
-    """The :class:`~pytest_polgrad.targets.Kind` that ``options`` names."""
+    """The :class:`~pytest_polgrad.core.kinds.Kind` that ``options`` names."""
     return get_kind(_kind_name(options))
 
 
@@ -183,7 +183,7 @@ def _draw_pool(strategy: Any, seed: int, max_examples: int) -> tuple[Any, ...]:
     from hypothesis import given
     from hypothesis import seed as fix_seed
 
-    from .strategies._sample import sample, sampleable
+    from pytest_polgrad.strategies._sample import sample, sampleable
 
     if sampleable(strategy):
         try:
@@ -246,8 +246,8 @@ class _Found:
 
 
 def _failures() -> tuple[type[BaseException], ...]:
-    from .checks import CheckFailure
-    from .target import Verdict
+    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
 
     return (CheckFailure, Verdict)
 
@@ -350,7 +350,7 @@ def run_check(
     """Run one check to completion: pass, or fail with the smallest input found and a report.
 
     ``shared``: a store that checks of the same function may share calls through while
-    they screen the corpus and the pool (:data:`~pytest_polgrad.targets.SHARED_CALLS`);
+    they screen the corpus and the pool (:data:`~pytest_polgrad.core.kinds.SHARED_CALLS`);
     pass one store to every check of one function, and a new one whenever the function's
     behaviour may have changed (None: nothing shared).
 
@@ -454,7 +454,7 @@ def _refine(
 
 
 def _non_deterministic(found: _Found) -> _Found:
-    from .target import Verdict
+    from pytest_polgrad.core.calls import Verdict
 
     verdict = Verdict(
         f"{NON_DETERMINISTIC} (first: {found.exc}; then it passed, or Hypothesis saw the "
@@ -494,9 +494,9 @@ def _generic_report(
     diagnose: bool,
 ) -> tuple[str, str, str]:
     """A report from the contract alone: property, verdict, numbers, diagnosis, snippet."""
-    from .report import value_tables
-    from .saved_snippets import reproduce_lines
-    from .target import Verdict
+    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.core.saved_snippets import reproduce_lines
+    from pytest_polgrad.kinds.policy_loss.report import value_tables
 
     exc = found.exc
     label = "verdict" if isinstance(exc, Verdict) else "finding"

@@ -8,12 +8,12 @@ import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .reproduce import config_source, snippet
-from .saved_snippets import reproduce_lines
-from .target import Verdict
+from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.saved_snippets import reproduce_lines
+from pytest_polgrad.core.snippets import config_source, snippet
 
 if TYPE_CHECKING:
-    from .checks import Check, Context
+    from pytest_polgrad.kinds.policy_loss.checks import Check, Context
 
 __all__ = [
     "config_source",
@@ -111,7 +111,7 @@ def _key(ctx: Context) -> tuple[Any, ...]:
 def _on_failing_batch(ctx: Context, batch: Any) -> str:
     """A sentence when the corpus match does not hold on the failing batch: the deviation
     then depends on the batch (its lengths, width or values), not on the semantics."""
-    from .diagnose import holds_on
+    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import holds_on
 
     best = _BEST.get(_key(ctx))
     if best is None or holds_on(best, ctx.fut, batch, ctx.tolerance):
@@ -161,7 +161,7 @@ def diagnosis_line(ctx: Context) -> tuple[str, str]:
 
 
 def _diagnosis(ctx: Context) -> tuple[str, str]:
-    from .diagnose import explain
+    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import explain
 
     found = explain(
         ctx.fut,

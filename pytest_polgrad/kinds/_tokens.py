@@ -11,12 +11,12 @@ from typing import Any
 
 import torch
 
-from ..checks import CheckFailure
-from ..options import ConformanceOptions, MarkerError, did_you_mean
-from ..strategies._snippet import snippet
-from ..target import Verdict
-from ..target import guarded_call as call_guarded  # one safe call for every kind
-from ..tolerance import Comparison, Tolerance
+from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.calls import guarded_call as call_guarded  # one safe call for every kind
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.tolerance import Comparison, Tolerance
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.strategies._snippet import snippet
 
 __all__ = [
     "DTYPES",
@@ -87,7 +87,7 @@ class TokenInputs:
 
 @dataclasses.dataclass
 class TokenContext:
-    """What a token kind's checks receive (see :class:`~pytest_polgrad.targets.KindContext`)."""
+    """What a token kind's checks receive (see :class:`~pytest_polgrad.core.kinds.KindContext`)."""
 
     fn: Callable[..., Any]
     name: str

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from .options import ConformanceOptions, MarkerError, did_you_mean, parse_marker
-from .targets import CallStore
+from pytest_polgrad.core.kinds import CallStore
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean, parse_marker
 
 __all__ = ["Target", "checks_for_options", "param_sets", "reference_hint", "targets"]
 
@@ -227,7 +227,7 @@ def reference_hint(options: ConformanceOptions, message: str) -> str:
 def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str, ...]:
     """The checks that generate items for ``options`` (``golden`` last), validated:
     unknown names get "did you mean", ``expect=`` entries must name running checks."""
-    from .engine import kind_of
+    from pytest_polgrad.core.engine import kind_of
 
     kind = kind_of(options)
     unrestricted = dataclasses.replace(options, checks=None) if options.checks else options
@@ -241,7 +241,7 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
             if n != "golden" and n not in applicable and (lookup is None or lookup(n) is None)
         ]
         if unknown:
-            from .options import validate_check_names
+            from pytest_polgrad.core.options import validate_check_names
 
             validate_check_names(options, (*applicable, "golden"))
     running = [n for n in applicable if options.checks is None or n in options.checks]
@@ -269,7 +269,7 @@ def targets(collector: Any, name: str, obj: object) -> list[Target] | None:
         return None
     fn, marks = subject
     assert callable(fn)
-    from .engine import build_context, resolve_config
+    from pytest_polgrad.core.engine import build_context, resolve_config
 
     function_marks = [m for m in marks if getattr(m, "name", None) == MARKER]
     others = tuple(m for m in marks if getattr(m, "name", None) not in (MARKER, "parametrize"))

@@ -16,12 +16,18 @@ import pytest
 import torch
 from syrupy.assertion import SnapshotAssertion
 
-from .corpus import corpus_version
-from .engine import build_context, kind_of
-from .options import ConformanceOptions, MarkerError
-from .snapshot import RETAIN, EntryScale, PolgradSnapshotExtension, Tolerant, write_error
-from .target import Verdict
-from .targets.policy_loss import whole_corpus
+from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.corpus import corpus_version
+from pytest_polgrad.core.engine import build_context, kind_of
+from pytest_polgrad.core.golden_format import (
+    RETAIN,
+    EntryScale,
+    PolgradSnapshotExtension,
+    Tolerant,
+    write_error,
+)
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.kinds.policy_loss.kind import whole_corpus
 
 __all__ = ["GoldenMismatch", "golden_data", "golden_test"]
 
@@ -37,7 +43,7 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
     """Evaluate ``fn`` on the canonical corpus: ``{batch: {"loss": ..., "grad": ...}}`` with
     the tolerance the engine would apply (scales and clip kinks from the reference oracle).
 
-    Raises :class:`~pytest_polgrad.target.Verdict` naming the batch when ``fn`` misbehaves.
+    Raises :class:`~pytest_polgrad.core.calls.Verdict` naming the batch when ``fn`` misbehaves.
     """
     ctx = build_context(fn, options)
     # the kind's per-process corpus, every tensor kept: the same tensors for every golden

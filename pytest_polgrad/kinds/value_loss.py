@@ -21,15 +21,12 @@ import torch
 
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.value import value_loss_per_token
-
-from ..checks import CheckFailure
-from ..options import ConformanceOptions, MarkerError, did_you_mean
-from ..reproduce import check_lines, importable, kind_snippet, pick_line
-from ..snapshot import EntryScale, Tolerant
-from ..strategies import ValueBatch, left_to_right, right_to_left, row_extents, value_batches
-from ..target import Verdict
-from . import Diagnosis, KindCheck
-from ._tokens import (
+from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
+from pytest_polgrad.kinds._tokens import (
     TokenContext,
     bitwise_equal,
     call_guarded,
@@ -38,6 +35,14 @@ from ._tokens import (
     require_scalar,
     tolerance_for,
     worst_entries,
+)
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.strategies import (
+    ValueBatch,
+    left_to_right,
+    right_to_left,
+    row_extents,
+    value_batches,
 )
 
 __all__ = [
@@ -139,7 +144,7 @@ def _scales(
 
 @dataclasses.dataclass
 class ValueLossContext(TokenContext):
-    """:class:`~pytest_polgrad.targets._tokens.TokenContext` for the value-loss kind."""
+    """:class:`~pytest_polgrad.kinds._tokens.TokenContext` for the value-loss kind."""
 
 
 def _edge(ctx: TokenContext, kw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -371,7 +376,7 @@ _OVERRIDES = frozenset({"clip_range", "aggregation", "budget", "half"})
 
 
 class ValueLossKind:
-    """The value-loss :class:`~pytest_polgrad.targets.Kind` (see the module docstring)."""
+    """The value-loss :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "value_loss"
     summary = "value_loss(values, old_values, returns, response_mask) -> scalar tensor"

@@ -21,15 +21,12 @@ import torch
 
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.entropy import token_entropy
-
-from ..checks import CheckFailure
-from ..options import ConformanceOptions, MarkerError, did_you_mean
-from ..reproduce import check_lines, importable, kind_snippet, pick_line
-from ..snapshot import EntryScale, Tolerant
-from ..strategies import LogitBatch, logit_batches
-from ..target import Verdict
-from . import Diagnosis, KindCheck
-from ._tokens import (
+from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
+from pytest_polgrad.kinds._tokens import (
     TokenContext,
     bitwise_equal,
     call_guarded,
@@ -38,6 +35,8 @@ from ._tokens import (
     tolerance_for,
     worst_entries,
 )
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.strategies import LogitBatch, logit_batches
 
 __all__ = [
     "CORPUS_VERSION",
@@ -130,7 +129,7 @@ def _scales(
 
 @dataclasses.dataclass
 class EntropyContext(TokenContext):
-    """:class:`~pytest_polgrad.targets._tokens.TokenContext` for the entropy kind."""
+    """:class:`~pytest_polgrad.kinds._tokens.TokenContext` for the entropy kind."""
 
 
 def _pick(result: object, key: object) -> object:
@@ -360,7 +359,7 @@ _OVERRIDES = frozenset({"aggregation", "budget", "negate", "bits"})
 
 
 class EntropyKind:
-    """The entropy :class:`~pytest_polgrad.targets.Kind` (see the module docstring)."""
+    """The entropy :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "entropy"
     summary = "entropy(logits [B, T, V], response_mask [B, T]) -> [B, T] or scalar tensor"

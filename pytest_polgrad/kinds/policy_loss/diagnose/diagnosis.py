@@ -42,14 +42,19 @@ from polgrad_reference import (
     SurrogateKind,
     Unstated,
 )
-
-from .clip_fit import SIDES, bracket, intervals, linear, shortest
-from .clip_fit import solve as solve_bounds
-from .corpus import canonical_corpus
-from .divisor import Divisor, divisors_for, row_terms
-from .oracle import Oracle, OracleResult
-from .target import FunctionUnderTest, Verdict
-from .tolerance import KINK_ULPS, Tolerance, unit_roundoff
+from pytest_polgrad.core.calls import FunctionUnderTest, Verdict
+from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.tolerance import KINK_ULPS, Tolerance, unit_roundoff
+from pytest_polgrad.kinds.policy_loss.diagnose.clip_fit import (
+    SIDES,
+    bracket,
+    intervals,
+    linear,
+    shortest,
+)
+from pytest_polgrad.kinds.policy_loss.diagnose.clip_fit import solve as solve_bounds
+from pytest_polgrad.kinds.policy_loss.diagnose.divisor import Divisor, divisors_for, row_terms
+from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 
 __all__ = [
     "Explanation",
@@ -1067,7 +1072,7 @@ def _compare(
         if not bool(torch.isfinite(rho).all()):
             return math.inf, math.inf
         # the loss is sum_b rho_b c_b; its gradient and that gradient's scale scale by
-        # rho_b row by row; max(rho) bounds the value scale (pytest_polgrad/divisor.py)
+        # rho_b row by row; max(rho) bounds the value scale (diagnose/divisor.py)
         expected, scale = float((rho * terms).sum()), scale * float(rho.max())
         g_ref, g_scale = g_ref * rho, g_scale * rho
         v_native = None if v_native is None else v_native * float(rho.max())
@@ -1144,7 +1149,7 @@ def _keyword_value(knob: str, found: PolicyLossConfig) -> tuple[str, str]:
     """The marker keyword declaring ``knob`` and the function's value as Python source:
     ``clip.eps_high`` -> ``eps_high=0.2``, ``params.tau_neg`` -> ``tau_neg=1.0`` (routed by
     ``AlgorithmSpec.derive``), ``kl.coef`` -> ``kl=KLConfig(...)``."""
-    from .report import config_source
+    from pytest_polgrad.kinds.policy_loss.report import config_source
 
     if knob in _TOP_LEVEL_KNOBS:
         key = _TOP_LEVEL_KNOBS[knob]

@@ -11,7 +11,7 @@ training step, advantages, KL, aggregation, value loss, entropy):
 - its diagnosis (``diagnose``: which registered semantics the function computes instead),
 - its standalone reproduction snippet and its golden data.
 
-The engine (:mod:`pytest_polgrad.engine`) is kind-agnostic: it builds the context, runs the
+The engine (:mod:`pytest_polgrad.core.engine`) is kind-agnostic: it builds the context, runs the
 corpus then a shared pool of drawn inputs through each check, searches and shrinks with
 Hypothesis only when something fails, and formats the report. Adding a kind is adding one
 module that defines a :class:`Kind` and one line in :data:`KINDS`.
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
     from hypothesis.strategies import SearchStrategy
 
-    from ..options import ConformanceOptions
+    from pytest_polgrad.core.options import ConformanceOptions
 
 __all__ = [
     "KINDS",
@@ -81,7 +81,7 @@ SHARED_CALLS: contextvars.ContextVar[CallStore | None] = contextvars.ContextVar(
 )
 """While the engine runs a check over the corpus and the pool: the store in which a kind
 may keep one call of the function per input for its other checks (the value and gradient
-checks then compare the same call). The caller of :func:`~pytest_polgrad.engine.run_check`
+checks then compare the same call). The caller of :func:`~pytest_polgrad.core.engine.run_check`
 chooses the store's scope (one ``assert_conforms`` call; one marked function's items) and
 None shares nothing; the search, the shrinking and the re-run of a failure always call
 the function afresh, so a flaky function is still caught."""
@@ -219,13 +219,13 @@ OPTIONAL_HOOKS = {
 
 
 KINDS: Mapping[str, str] = {
-    "policy_loss": "pytest_polgrad.targets.policy_loss",
-    "training_step": "pytest_polgrad.targets.training_step",
-    "advantages": "pytest_polgrad.targets.advantages",
-    "kl": "pytest_polgrad.targets.kl",
-    "aggregation": "pytest_polgrad.targets.aggregation",
-    "value_loss": "pytest_polgrad.targets.value_loss",
-    "entropy": "pytest_polgrad.targets.entropy",
+    "policy_loss": "pytest_polgrad.kinds.policy_loss.kind",
+    "training_step": "pytest_polgrad.kinds.training_step.kind",
+    "advantages": "pytest_polgrad.kinds.advantages",
+    "kl": "pytest_polgrad.kinds.kl",
+    "aggregation": "pytest_polgrad.kinds.aggregation",
+    "value_loss": "pytest_polgrad.kinds.value_loss",
+    "entropy": "pytest_polgrad.kinds.entropy",
 }
 """Kind name -> module defining ``KIND`` (imported on first use)."""
 

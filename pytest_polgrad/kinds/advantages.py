@@ -28,24 +28,18 @@ from polgrad_reference.advantages import (
     Whitening,
     token_level_rewards,
 )
-
-from ..checks import CheckFailure
-from ..options import ConformanceOptions, MarkerError, did_you_mean
-from ..reproduce import check_lines, config_source, importable, kind_snippet, pick_line
-from ..snapshot import EntryScale, Tolerant
-from ..strategies import (
-    REWARD_KINDS,
-    RewardBatch,
-    left_to_right,
-    reward_batches,
-    right_to_left,
-    row_extents,
+from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.snippets import (
+    check_lines,
+    config_source,
+    importable,
+    kind_snippet,
+    pick_line,
 )
-from ..strategies._sample import filtered
-from ..strategies._snippet import tensor_literal
-from ..target import Verdict
-from . import Diagnosis, KindCheck
-from ._advantage_reference import (
+from pytest_polgrad.kinds._advantage_reference import (
     CORPUS_VERSION,
     GROUPED,
     INPUT_NAMES,
@@ -59,7 +53,7 @@ from ._advantage_reference import (
     expected_advantages,
     tolerance_scale,
 )
-from ._tokens import (
+from pytest_polgrad.kinds._tokens import (
     TokenContext,
     bitwise_equal,
     call_guarded,
@@ -67,6 +61,17 @@ from ._tokens import (
     tolerance_for,
     worst_entries,
 )
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.strategies import (
+    REWARD_KINDS,
+    RewardBatch,
+    left_to_right,
+    reward_batches,
+    right_to_left,
+    row_extents,
+)
+from pytest_polgrad.strategies._sample import filtered
+from pytest_polgrad.strategies._snippet import tensor_literal
 
 __all__ = [
     "CORPUS_VERSION",
@@ -86,7 +91,7 @@ _E = AdvantageEstimator
 
 @dataclasses.dataclass
 class AdvantagesContext(TokenContext):
-    """:class:`~pytest_polgrad.targets._tokens.TokenContext` for the advantages kind."""
+    """:class:`~pytest_polgrad.kinds._tokens.TokenContext` for the advantages kind."""
 
     grouped: bool = False
 
@@ -634,7 +639,7 @@ def _override(options: ConformanceOptions) -> tuple[dict[str, Any], dict[str, An
 
 
 class AdvantagesKind:
-    """The advantages :class:`~pytest_polgrad.targets.Kind` (see the module docstring)."""
+    """The advantages :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "advantages"
     summary = (
@@ -1102,7 +1107,7 @@ def advantages_snippet(ctx: AdvantagesContext, inputs: RewardBatch, check: KindC
     if helpers:  # only what the snippet calls
         imports.append(f"from polgrad_reference.advantages import {', '.join(helpers)}")
     imports.append(
-        "from pytest_polgrad.targets.advantages import AdvantageReference, expected_advantages"
+        "from pytest_polgrad.kinds.advantages import AdvantageReference, expected_advantages"
     )
     if ctx.options.layout == "left":
         imports.append(

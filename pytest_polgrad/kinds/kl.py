@@ -33,17 +33,13 @@ from polgrad_reference import (
     token_weights,
 )
 from polgrad_reference.kl import k_values, ratio_weighted
-
-from ..checks import CheckFailure
-from ..corpus import canonical_corpus, corpus_version
-from ..options import ConformanceOptions, MarkerError, did_you_mean
-from ..reproduce import check_lines, importable, kind_snippet, pick_line
-from ..snapshot import EntryScale, Tolerant
-from ..strategies import batches
-from ..strategies._sample import mapped
-from ..target import Verdict, _pick_loss
-from . import Diagnosis, KindCheck
-from ._tokens import (
+from pytest_polgrad.core.calls import Verdict, _pick_loss
+from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
+from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
+from pytest_polgrad.kinds._tokens import (
     TokenContext,
     TokenInputs,
     bitwise_equal,
@@ -54,6 +50,9 @@ from ._tokens import (
     parameters,
     tolerance_for,
 )
+from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.strategies import batches
+from pytest_polgrad.strategies._sample import mapped
 
 __all__ = ["KIND", "KLKind", "KLRef"]
 

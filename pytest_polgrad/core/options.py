@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from .targets import KINDS
+from pytest_polgrad.core.kinds import KINDS
 
 __all__ = [
     "ADVANTAGE_SHAPES",
@@ -109,7 +109,7 @@ class ConformanceOptions:
     garbage) at padding; ``max_batch`` / ``max_length`` bound the batches (Hypothesis
     draws at most 8 x 256; every pool adds a few realistic-size batches up to these
     bounds); ``kind``
-    names the kind of target (``pytest_polgrad.targets.KINDS``); ``holes`` draws masks
+    names the kind of target (``pytest_polgrad.core.kinds.KINDS``); ``holes`` draws masks
     with holes inside a response (multi-turn); ``device`` runs the function on ``"cpu"``
     or ``"cuda"``/``"cuda:N"`` tensors (the oracle stays on CPU in float64).
 
@@ -283,7 +283,7 @@ def override_keys(kind: str) -> frozenset[str]:
     module for kinds other than the policy loss)."""
     if kind == "policy_loss":
         return _OVERRIDE_KEYS
-    from .targets import get_kind
+    from pytest_polgrad.core.kinds import get_kind
 
     try:
         return frozenset(get_kind(kind).override_keys)

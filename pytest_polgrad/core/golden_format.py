@@ -14,7 +14,7 @@ position, so a review diff reads ``ragged/grad[2,0] = -0.0416666666667``::
     ...
 
 Floats are written with a fixed number of significant digits per dtype (:data:`DIGITS`)
-and compared with the engine's tolerance model (:mod:`pytest_polgrad.tolerance`) plus the
+and compared with the engine's tolerance model (:mod:`pytest_polgrad.core.tolerance`) plus the
 rounding of the written digits, so float noise passes and never rewrites a line, while a
 semantic change fails with the entries and positions that moved. Reading uses plain string
 handling and ``float``/``int``/``json.loads`` of single tokens: nothing that runs code.
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from syrupy.location import PyTestLocation
     from syrupy.types import PropertyFilter, PropertyMatcher, SerializableData, SerializedData
 
-    from .tolerance import Tolerance
+    from pytest_polgrad.core.tolerance import Tolerance
 
 __all__ = [
     "DIGITS",
@@ -125,7 +125,7 @@ class Document:
 
 @dataclasses.dataclass(frozen=True)
 class EntryScale:
-    """How the float noise of one entry is measured (see :mod:`pytest_polgrad.tolerance`).
+    """How the float noise of one entry is measured (see :mod:`pytest_polgrad.core.tolerance`).
 
     ``scale`` is the magnitude rounding errors are proportional to (a float or a tensor of
     the entry's shape); ``count`` marks a scalar that sums ``count`` tokens (the engine's
@@ -440,7 +440,7 @@ def _float_ratios(
 ) -> list[float]:
     import torch
 
-    from .tolerance import UNIT_ROUNDOFF, Tolerance
+    from pytest_polgrad.core.tolerance import UNIT_ROUNDOFF, Tolerance
 
     stored = [float(t) for t in s.values]
     received = [float(t) for t in r.values]

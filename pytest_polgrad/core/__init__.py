@@ -1,0 +1,1 @@
+"""The kind-independent machinery: options, tolerance, engine, verdicts, goldens' format."""

@@ -1,0 +1,1 @@
+"""The policy-loss kind: its checks, oracle, report, snippet, golden and diagnosis."""

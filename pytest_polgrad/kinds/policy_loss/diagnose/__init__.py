@@ -1,0 +1,1 @@
+"""Diagnosis of a failing policy loss: which registered semantics it computes."""

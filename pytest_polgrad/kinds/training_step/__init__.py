@@ -1,0 +1,1 @@
+"""The training-step kind: micro-batch, accumulation and data-parallel scaling."""

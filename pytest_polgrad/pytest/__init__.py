@@ -1,0 +1,1 @@
+"""The pytest side: collection of marked functions, golden items, fixtures, notes."""
