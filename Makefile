@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --strict
+	$(VENV)/bin/lint-imports  # the layers of docs/architecture.md ([tool.importlinter])
 
 # The frameworks tier: verl 0.9.1, TRL 1.16.0 and OpenRLHF 0.11.2 in their own venv.
 # CPU torch first; then the pinned support packages; the package itself; the three

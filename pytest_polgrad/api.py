@@ -6,7 +6,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pytest_polgrad.core.engine import CheckResult, build_context, resolve_config, run_check
+from pytest_polgrad.core.engine import (
+    CheckResult,
+    build_context,
+    is_verdict,
+    resolve_config,
+    run_check,
+)
 from pytest_polgrad.core.kinds import CallStore
 from pytest_polgrad.core.options import MarkerError, parse_marker
 
@@ -92,7 +98,7 @@ class ConformanceReport:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        from pytest_polgrad.kinds.policy_loss.report import repeated_verdict, verdict_key
+        from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
 
         parts = [self.summary()]
         first: dict[str, str] = {}  # one full report per verdict, as the plugin prints
@@ -110,13 +116,6 @@ class ConformanceReport:
                 f"({self.expected[r.check]!r}) but it passes now; remove it from expect=",
             ]
         return "\n".join(parts)
-
-
-def is_verdict(result: CheckResult) -> bool:
-    """Whether ``result`` failed with a verdict (the function did something no check can
-    compare: raised, returned NaN, a non-tensor, ...) rather than a finding: its
-    ``verdict`` flag where the engine sets one, else its report's ``verdict`` line."""
-    return bool(getattr(result, "verdict", False)) or "\n  verdict " in result.report
 
 
 def brief(message: str, limit: int = 140) -> str:

@@ -241,7 +241,9 @@ def _snippet_directory(config: pytest.Config) -> Callable[[], Path]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     # Snapshot write errors belong to one session: a later session in this process (a
     # pytester in-process run) must not report an earlier one's failed write as its own.
-    snapshot = sys.modules.get(f"{__package__}.core.golden_format")  # not imported: nothing to forget
+    snapshot = sys.modules.get(
+        f"{__package__}.core.golden_format"
+    )  # not imported: nothing to forget
     if snapshot is not None:
         snapshot.forget_write_errors()
 
@@ -290,7 +292,7 @@ class PolgradItem(pytest.Item):
         report = str(result.report)
         if not _is_verdict(report):
             return report
-        from pytest_polgrad.kinds.policy_loss.report import repeated_verdict, verdict_key
+        from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
 
         first = self.target.verdicts.setdefault(verdict_key(str(result.message)), self.check)
         if first == self.check:

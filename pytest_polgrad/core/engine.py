@@ -33,6 +33,8 @@ from pytest_polgrad.core.kinds import (
     get_kind,
     remember,
 )
+from pytest_polgrad.core.saved_snippets import reproduce_lines
+from pytest_polgrad.core.verdicts import CheckFailure, value_tables
 
 __all__ = [
     "CheckResult",
@@ -41,6 +43,7 @@ __all__ = [
     "checks_for",
     "clear_pools",
     "derive_seed",
+    "is_verdict",
     "kind_of",
     "resolve_config",
     "run_check",
@@ -74,6 +77,13 @@ class CheckResult:
         data = dataclasses.asdict(self)
         data["worst"] = self.worst if math.isfinite(self.worst) else "inf"
         return data
+
+
+def is_verdict(result: CheckResult) -> bool:
+    """Whether ``result`` failed with a verdict (the function did something no check can
+    compare: raised, returned NaN, a non-tensor, ...) rather than a finding: its
+    ``verdict`` flag where the engine sets one, else its report's ``verdict`` line."""
+    return bool(getattr(result, "verdict", False)) or "\n  verdict " in result.report
 
 
 def _kind_name(options: Any) -> str:
@@ -246,8 +256,8 @@ class _Found:
 
 
 def _failures() -> tuple[type[BaseException], ...]:
+    # core.calls imports torch; this module stays torch-free for the plugin's load
     from pytest_polgrad.core.calls import Verdict
-    from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
 
     return (CheckFailure, Verdict)
 
@@ -454,6 +464,7 @@ def _refine(
 
 
 def _non_deterministic(found: _Found) -> _Found:
+    # core.calls imports torch; this module stays torch-free for the plugin's load
     from pytest_polgrad.core.calls import Verdict
 
     verdict = Verdict(
@@ -494,9 +505,8 @@ def _generic_report(
     diagnose: bool,
 ) -> tuple[str, str, str]:
     """A report from the contract alone: property, verdict, numbers, diagnosis, snippet."""
+    # core.calls imports torch; this module stays torch-free for the plugin's load
     from pytest_polgrad.core.calls import Verdict
-    from pytest_polgrad.core.saved_snippets import reproduce_lines
-    from pytest_polgrad.kinds.policy_loss.report import value_tables
 
     exc = found.exc
     label = "verdict" if isinstance(exc, Verdict) else "finding"

@@ -32,6 +32,9 @@ import decimal
 import math
 from typing import Any
 
+from pytest_polgrad.core.engine import corpus_of, is_verdict, kind_of, prepared
+from pytest_polgrad.core.verdicts import CheckFailure
+
 __all__ = [
     "BASIS",
     "Judgement",
@@ -106,9 +109,8 @@ def _check(kind: Any, ctx: Any, name: str) -> Any:
 def measure(ctx: Any, check_name: str) -> tuple[float, str]:
     """Run ``check_name`` on every canonical corpus input: ``(worst error, verdict)``
     where ``verdict`` names the first input on which the function misbehaved ("" if none)."""
+    # core.calls imports torch; this module stays torch-free for the plugin's load
     from pytest_polgrad.core.calls import Verdict
-    from pytest_polgrad.core.engine import corpus_of, kind_of, prepared
-    from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
 
     kind = kind_of(ctx.options)
     check = _check(kind, ctx, check_name)
@@ -134,8 +136,6 @@ def judge(ctx: Any, result: Any) -> Judgement:
     """Whether the declaration for ``result.check`` excuses the failing ``result``."""
     options = ctx.options
     check = str(result.check)
-    from pytest_polgrad.api import is_verdict
-
     if is_verdict(result):
         return Judgement(
             f"the failure is a verdict, not the declared deviation: {result.message}",

@@ -15,7 +15,7 @@ from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.calls import guarded_call as call_guarded  # one safe call for every kind
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
-from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.strategies._snippet import snippet
 
 __all__ = [

@@ -39,6 +39,7 @@ from pytest_polgrad.core.snippets import (
     kind_snippet,
     pick_line,
 )
+from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.kinds._advantage_reference import (
     CORPUS_VERSION,
     GROUPED,
@@ -61,7 +62,6 @@ from pytest_polgrad.kinds._tokens import (
     tolerance_for,
     worst_entries,
 )
-from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
 from pytest_polgrad.strategies import (
     REWARD_KINDS,
     RewardBatch,

@@ -39,6 +39,7 @@ from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
+from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     TokenInputs,
@@ -50,7 +51,6 @@ from pytest_polgrad.kinds._tokens import (
     parameters,
     tolerance_for,
 )
-from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
 from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._sample import mapped
 

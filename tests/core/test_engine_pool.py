@@ -166,10 +166,9 @@ def test_golden_items_compute_each_reference_once_for_every_function(
     """Every golden item evaluates on the same corpus tensors (built once per process), so
     a second function's golden data finds every reference result in the oracle's cache;
     the stored values are the ones a fresh corpus gives."""
-    from pytest_polgrad.kinds.policy_loss import kind as policy_loss
-    from pytest_polgrad.pytest import golden
+    from pytest_polgrad.kinds.policy_loss import corpus, golden
 
-    monkeypatch.setattr(policy_loss, "_CORPORA", {})  # no corpus yet in this process
+    monkeypatch.setattr(corpus, "_CORPORA", {})  # no corpus yet in this process
     calls = oracle_calls
     opts = parse_marker(("dapo",), {})
     first = golden.golden_data(L.dapo, opts)

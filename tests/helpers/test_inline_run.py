@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (inner-session sources spelled out on one line each)
 """The guards of tests/helpers/inline_run.py catch what an in-process pytester run could leak: each
 case is an inner test that changes one thing of the outer process (or looks at what it
 was given), and the run must fail naming it, or the inner test must pass."""
@@ -145,19 +146,19 @@ def test_replaced_default_settings_are_caught(
         ("torch grad mode", "    import torch\n    torch.set_grad_enabled(False)\n"),
         (
             "engine._POOL_LIMIT",
-            "    from pytest_polgrad import engine\n    engine._POOL_LIMIT = 1\n",
+            "    from pytest_polgrad.core import engine\n    engine._POOL_LIMIT = 1\n",
         ),
         (
             "snapshot.RETAIN",
-            "    from pytest_polgrad import snapshot\n    snapshot.RETAIN = object()\n",
+            "    from pytest_polgrad.core import golden_format as snapshot\n    snapshot.RETAIN = object()\n",
         ),
         (
             "report._DIAGNOSES",
-            f"    from pytest_polgrad import report\n    report._DIAGNOSES[{PROBE!r}] = ('', '')\n",
+            f"    from pytest_polgrad.kinds.policy_loss import report\n    report._DIAGNOSES[{PROBE!r}] = ('', '')\n",
         ),
         (
             "report._BEST",
-            f"    from pytest_polgrad import report\n    report._BEST[{PROBE!r}] = 1\n",
+            f"    from pytest_polgrad.kinds.policy_loss import report\n    report._BEST[{PROBE!r}] = 1\n",
         ),
     ],
 )
@@ -179,7 +180,7 @@ def test_a_replaced_pool_entry_is_caught(pytester: pytest.Pytester) -> None:
         with pytest.raises(AssertionError, match=r"engine\._POOLS"):
             _inner(
                 pytester,
-                f"    from pytest_polgrad import engine\n    engine._POOLS[{PROBE!r}] = ((), ())\n",
+                f"    from pytest_polgrad.core import engine\n    engine._POOLS[{PROBE!r}] = ((), ())\n",
             )
     finally:
         engine._POOLS.pop(PROBE, None)
@@ -190,7 +191,7 @@ def test_a_write_error_left_behind_is_caught(pytester: pytest.Pytester) -> None:
         with pytest.raises(AssertionError, match=r"snapshot\._WRITE_ERRORS"):
             _inner(
                 pytester,
-                "    from pytest_polgrad import snapshot\n"
+                "    from pytest_polgrad.core import golden_format as snapshot\n"
                 f"    snapshot._WRITE_ERRORS[{PROBE[1]!r}] = 'x'\n",
             )
     finally:
@@ -203,7 +204,8 @@ def _seen(cold: bool) -> str:
     load = "settings.register_profile('inner', max_examples=2)\nsettings.load_profile('inner')\n"
     return (
         "from hypothesis import settings\n"
-        "from pytest_polgrad import engine, report, snapshot\n"
+        "from pytest_polgrad.core import engine, golden_format as snapshot\n"
+        "from pytest_polgrad.kinds.policy_loss import report\n"
         "SEEN = {'pools': dict(engine._POOLS), 'diagnoses': dict(report._DIAGNOSES),\n"
         "        'best': dict(report._BEST), 'write errors': dict(snapshot._WRITE_ERRORS),\n"
         "        'profile': settings.get_current_profile_name()}\n"

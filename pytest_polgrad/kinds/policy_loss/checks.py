@@ -26,35 +26,12 @@ from pytest_polgrad.core.calls import Evaluation, FunctionUnderTest, Verdict
 from pytest_polgrad.core.kinds import SHARED_CALLS, CallStore, remember
 from pytest_polgrad.core.options import ConformanceOptions
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
+from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 
-__all__ = ["CHECKS", "Check", "CheckFailure", "Context"]
+__all__ = ["CHECKS", "Check", "Context"]
 
 Batch = Mapping[str, torch.Tensor]
-
-
-class CheckFailure(AssertionError):
-    """A property does not hold on a batch; carries what the report shows."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        numbers: list[tuple[str, str, str]] | None = None,
-        entries: list[tuple[tuple[int, ...], float, float]] | None = None,
-        error: float = math.inf,
-        columns: tuple[str, str] = ("expected", "actual"),
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.error = error
-        """How far off, in units of tolerance (inf for exact-equality properties)."""
-        self.numbers = numbers or []
-        """``(quantity, expected, actual)`` rows."""
-        self.entries = entries or []
-        """Worst gradient entries: ``((b, t), expected, actual)``."""
-        self.columns = columns
-        """The headings of the two value columns (an input's ``before`` and ``after``)."""
 
 
 @dataclasses.dataclass

@@ -25,11 +25,12 @@ import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm
 from pytest_polgrad.core.calls import FunctionUnderTest, SignatureError
-from pytest_polgrad.core.corpus import canonical_corpus
 from pytest_polgrad.core.kinds import CallStore, Diagnosis, KindCheck, remember
 from pytest_polgrad.core.options import ConformanceOptions, override_keys
 from pytest_polgrad.core.tolerance import Tolerance
 from pytest_polgrad.kinds.policy_loss.checks import CHECKS, Check, Context
+from pytest_polgrad.kinds.policy_loss.corpus import corpus_batches
+from pytest_polgrad.kinds.policy_loss.golden import golden_data
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 from pytest_polgrad.kinds.policy_loss.report import (
     SEMANTIC_CHECKS,
@@ -269,7 +270,7 @@ class PolicyLossKind:
         if cfg.is_correction is None:
             drop.add("rollout_logprobs")
         key = (ctx.tolerance.input_dtype, options.advantages, options.padding_nan)
-        return _corpus(*key, frozenset(drop))
+        return corpus_batches(*key, frozenset(drop))
 
     def shrink(self, ctx: Any, inputs: Any, fails: Callable[[Any], bool]) -> Any:
         return shrink_rows_and_columns(inputs, fails)
@@ -295,8 +296,6 @@ class PolicyLossKind:
         return failure_report(ctx, check, exc, inputs, replay, diagnose=diagnose)  # type: ignore[arg-type]
 
     def golden(self, ctx: Any) -> Any:
-        from pytest_polgrad.pytest.golden import golden_data
-
         return golden_data(ctx.fut.fn, ctx.options)
 
 
@@ -304,36 +303,6 @@ KIND = PolicyLossKind()
 
 
 # ---- corpus and realistic sizes ---------------------------------------------------------
-
-_CORPORA: dict[tuple[torch.dtype, str, bool, frozenset[str]], dict[str, Batch]] = {}
-
-
-def _corpus(
-    dtype: torch.dtype, advantages: str, nan: bool, drop: frozenset[str]
-) -> dict[str, Batch]:
-    """The canonical corpus as batches, built once per process (the same tensors for every
-    check, so the shared oracle computes each reference result once); NaN at padding when
-    ``nan``, the tensors in ``drop`` left out."""
-    key = (dtype, advantages, nan, drop)
-    if key not in _CORPORA:
-        out = {}
-        for name, tensors in canonical_corpus(dtype=dtype, advantages=advantages).items():
-            kw: dict[str, Any] = {k: v for k, v in tensors.items() if k not in drop}
-            if nan:
-                pad = ~kw["response_mask"]
-                for k, t in kw.items():
-                    if t.is_floating_point() and t.dim() == 2:
-                        kw[k] = t.masked_fill(pad, math.nan)
-            out[name] = Batch(**kw)
-        _CORPORA[key] = out
-    return _CORPORA[key]
-
-
-def whole_corpus(dtype: torch.dtype, advantages: str) -> dict[str, Batch]:
-    """The canonical corpus with every tensor it has, as golden items evaluate it: built
-    once per process like the checks' corpus, so the oracle's per-batch cache serves
-    every function's golden item (a fresh corpus per item missed it every time)."""
-    return _corpus(dtype, advantages, False, frozenset())
 
 
 def _realistic_extents(rng: random.Random, rows: int, width: int) -> tuple[int, ...]:

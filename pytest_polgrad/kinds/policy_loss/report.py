@@ -3,26 +3,21 @@ side by side, a diagnosis, and the command that replays the item."""
 
 from __future__ import annotations
 
-import re
 import textwrap
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.saved_snippets import reproduce_lines
 from pytest_polgrad.core.snippets import config_source, snippet
+from pytest_polgrad.core.verdicts import value_tables
+from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import explain, holds_on
 
 if TYPE_CHECKING:
     from pytest_polgrad.kinds.policy_loss.checks import Check, Context
 
-__all__ = [
-    "config_source",
-    "failure_report",
-    "repeated_verdict",
-    "snippet",
-    "value_tables",
-    "verdict_key",
-]
+__all__ = ["config_source", "failure_report", "snippet"]
 
 SEMANTIC_CHECKS = frozenset({"value", "gradient", "on-policy", "padding-columns", "micro-batch"})
 """Checks whose failure means 'computes other semantics', so a diagnosis is worth running."""
@@ -32,22 +27,6 @@ def _batch_line(batch: Any) -> str:
     mask = batch.as_kwargs()["response_mask"]
     lengths = mask.sum(dim=1).tolist()
     return f"B={mask.shape[0]}, T={mask.shape[1]}, response lengths {lengths}"
-
-
-def value_tables(exc: BaseException, position: str) -> list[str]:
-    """The report's tables of a failure: its ``numbers`` (quantity, expected, actual) and
-    its ``entries`` (``position``, then the two value columns it names)."""
-    out: list[str] = []
-    numbers: Sequence[tuple[str, str, str]] = getattr(exc, "numbers", [])
-    if numbers:
-        out += ["", f"  {'quantity':<28} {'expected':>24} {'actual':>24}"]
-        out += [f"  {q:<28} {e:>24} {a:>24}" for q, e, a in numbers]
-    entries: Sequence[tuple[Any, float, float]] = getattr(exc, "entries", [])
-    if entries:
-        first, second = getattr(exc, "columns", ("expected", "actual"))
-        out += ["", f"  {position:<28} {first:>24} {second:>24}"]
-        out += [f"  {p!s:<28} {e:>24.17g} {a:>24.17g}" for p, e, a in entries]
-    return out
 
 
 def failure_report(
@@ -111,8 +90,6 @@ def _key(ctx: Context) -> tuple[Any, ...]:
 def _on_failing_batch(ctx: Context, batch: Any) -> str:
     """A sentence when the corpus match does not hold on the failing batch: the deviation
     then depends on the batch (its lengths, width or values), not on the semantics."""
-    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import holds_on
-
     best = _BEST.get(_key(ctx))
     if best is None or holds_on(best, ctx.fut, batch, ctx.tolerance):
         return ""
@@ -128,8 +105,6 @@ def ignored_from(ctx: Context, batch: Any) -> int | None:
     token while the reference's is not (at one token at least), when before ``c`` it is 0
     only where the reference's is: a loss that drops the tokens past the first ``c`` of
     each row (a slice, a chunk limit). None otherwise, or when the call fails."""
-    import torch
-
     try:
         ev = ctx.fut.call(batch)
     except Verdict:
@@ -161,8 +136,6 @@ def diagnosis_line(ctx: Context) -> tuple[str, str]:
 
 
 def _diagnosis(ctx: Context) -> tuple[str, str]:
-    from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import explain
-
     found = explain(
         ctx.fut,
         ctx.config,
@@ -173,22 +146,3 @@ def _diagnosis(ctx: Context) -> tuple[str, str]:
     if found.best is not None:
         _BEST[_key(ctx)] = found.best
     return found.text, found.summary
-
-
-def verdict_key(message: str) -> str:
-    """What makes two verdicts the same: their message with every number masked (the
-    same cause on differently sized batches is the same verdict)."""
-    return re.sub(r"\d+", "#", message)
-
-
-def repeated_verdict(report: str, first: str, label: str) -> str:
-    """``report`` of a verdict already reported in full by check ``first`` of ``label``:
-    its first line, property and verdict, a pointer to that report, and the replay line."""
-    lines = report.splitlines()
-    kept = lines[:1] + [x for x in lines if x.startswith(("  property ", "  verdict "))]
-    replay = [x for x in lines if x.lstrip().startswith("replay ")]
-    pointer = (
-        f"  (the same verdict as check {first!r} of {label}: its report has the batch and the "
-        "snippet)"
-    )
-    return "\n".join([*kept, pointer, *replay])

@@ -45,6 +45,7 @@ from pytest_polgrad.core.snippets import (
     kind_snippet,
     pick_line,
 )
+from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.kinds._accumulation import Scheme, row_facts, schemes
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
@@ -58,7 +59,6 @@ from pytest_polgrad.kinds._tokens import (
     require_scalar,
     tolerance_for,
 )
-from pytest_polgrad.kinds.policy_loss.checks import CheckFailure
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._sample import composite

@@ -17,7 +17,8 @@ import torch
 from pytest_polgrad import ConformanceError, assert_conforms
 from pytest_polgrad.core.engine import build_context, run_check
 from pytest_polgrad.core.options import parse_marker
-from pytest_polgrad.kinds.policy_loss.checks import CHECKS, CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.kinds.policy_loss.checks import CHECKS
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor

@@ -16,7 +16,8 @@ from polgrad_reference import ALGORITHMS, policy_loss
 from pytest_polgrad.core.engine import build_context
 from pytest_polgrad.core.options import parse_marker
 from pytest_polgrad.core.tolerance import Tolerance
-from pytest_polgrad.kinds.policy_loss.checks import CheckFailure, check_gradient, check_value
+from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.kinds.policy_loss.checks import check_gradient, check_value
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle
 
 Tensor = torch.Tensor

@@ -44,6 +44,7 @@ from polgrad_reference import (
 )
 from pytest_polgrad.core.calls import FunctionUnderTest, Verdict
 from pytest_polgrad.core.corpus import canonical_corpus
+from pytest_polgrad.core.snippets import config_source
 from pytest_polgrad.core.tolerance import KINK_ULPS, Tolerance, unit_roundoff
 from pytest_polgrad.kinds.policy_loss.diagnose.clip_fit import (
     SIDES,
@@ -1149,8 +1150,6 @@ def _keyword_value(knob: str, found: PolicyLossConfig) -> tuple[str, str]:
     """The marker keyword declaring ``knob`` and the function's value as Python source:
     ``clip.eps_high`` -> ``eps_high=0.2``, ``params.tau_neg`` -> ``tau_neg=1.0`` (routed by
     ``AlgorithmSpec.derive``), ``kl.coef`` -> ``kl=KLConfig(...)``."""
-    from pytest_polgrad.kinds.policy_loss.report import config_source
-
     if knob in _TOP_LEVEL_KNOBS:
         key = _TOP_LEVEL_KNOBS[knob]
         return key, config_source(getattr(found, key))
