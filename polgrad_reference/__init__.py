@@ -54,6 +54,18 @@ from .config import (
 from .entropy import entropy_bonus, sampled_token_entropy, token_entropy
 from .errors import ConfigError, InputError, InputTypeError, NumericalError, PolgradError
 from .kl import categorical_kl, kl_estimate, kl_penalized_rewards, reverse_kl_surrogate
+from .logprobs import (
+    LogProbAlign,
+    LogProbShift,
+    LogSoftmaxRoundingError,
+    cu_seqlens_from_position_ids,
+    log_softmax_rounding_error,
+    packed_token_logprobs,
+    sampler_kept_mask,
+    sampler_log_softmax,
+    sampler_logprobs,
+    token_logprobs,
+)
 from .loss import PolicyLossOutput, covariance_selection, policy_loss
 from .ratios import ratio
 from .registry import ALGORITHMS, AlgorithmSpec, Unstated, describe_algorithm, get_algorithm
@@ -85,6 +97,9 @@ __all__ = [
     "KLEstimator",
     "KLPlacement",
     "KLRatioWeight",
+    "LogProbAlign",
+    "LogProbShift",
+    "LogSoftmaxRoundingError",
     "MicroBatchScaling",
     "NumericalError",
     "PolgradError",
@@ -105,6 +120,7 @@ __all__ = [
     "clipped_value_loss",
     "compute_advantages",
     "covariance_selection",
+    "cu_seqlens_from_position_ids",
     "describe_algorithm",
     "discounted_returns",
     "entropy_bonus",
@@ -114,8 +130,10 @@ __all__ = [
     "kink_ratios",
     "kl_estimate",
     "kl_penalized_rewards",
+    "log_softmax_rounding_error",
     "microbatch_token_weights",
     "opo_advantages",
+    "packed_token_logprobs",
     "policy_loss",
     "ratio",
     "reinforce_pp_advantages",
@@ -123,9 +141,13 @@ __all__ = [
     "reverse_kl_surrogate",
     "rloo_advantages",
     "sampled_token_entropy",
+    "sampler_kept_mask",
+    "sampler_log_softmax",
+    "sampler_logprobs",
     "surrogate",
     "token_entropy",
     "token_level_rewards",
+    "token_logprobs",
     "token_weights",
     "value_loss_per_token",
     "whiten",

@@ -9,6 +9,7 @@ stated null distribution and a calibrated alarm (``docs/diagnostics.md``).
   :func:`logprob_advantage_covariance`, :func:`entropy_trend` (permutation changepoint).
 - :func:`length_bias`: the length drive of an aggregation with a calibrated interval.
 - :class:`RunMonitor`: CUSUM over a run with whole-run false-alarm probability <= alpha.
+- :func:`sampling_bias`: the kept-mass bias a truncating sampler puts into the ratio.
 
 Torch only; every detector computes in float64 on its inputs' device.
 """
@@ -30,6 +31,7 @@ from .monitor import (
     cusum_paths,
     cusum_threshold,
 )
+from .sampling import SamplingBias, sampling_bias
 from .trend import ChangepointTest, entropy_trend
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "MonitorReport",
     "MonitoredStatistic",
     "RunMonitor",
+    "SamplingBias",
     "clip_report",
     "cusum_paths",
     "cusum_threshold",
@@ -56,4 +59,5 @@ __all__ = [
     "lognormal_ess",
     "logprob_advantage_covariance",
     "logprob_mismatch",
+    "sampling_bias",
 ]
