@@ -1,0 +1,222 @@
+"""Training steps for the distributed runner's tests and benchmark (imported in the ranks).
+
+Kept apart from the test module so a rank imports torch and the reference only. Every
+step computes DAPO's per-token surrogate with the reference (token-sum aggregation, so
+only the scaling differs) and then scales the micro-batch loss as a trainer would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from polgrad_reference import get_algorithm, policy_loss
+
+if TYPE_CHECKING:
+    from pytest_polgrad.strategies import Split
+
+DAPO = get_algorithm("dapo").loss
+T = torch.Tensor
+LENGTHS = (1, 2, 1, 3, 6, 5, 6, 4)
+"""Response lengths of the test step's 8 rows: ranks and micro-batches hold very different
+token counts (world 2: 7 and 21 tokens; world 4: 3, 4, 11 and 10)."""
+
+
+def split_of(world: int) -> Split:
+    """Two micro-batches per rank, rows in order (imported here, not in the ranks)."""
+    from pytest_polgrad.strategies import Split
+
+    if world == 2:
+        return Split((((0, 1), (2, 3)), ((4, 5), (6, 7))))
+    return Split((((0,), (1,)), ((2,), (3,)), ((4,), (5,)), ((6,), (7,))))
+
+
+def step_batch(dtype: torch.dtype = torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
+    """8 right-padded rows of :data:`LENGTHS` (width 6), NaN at padding, ratios near 1."""
+    g = torch.Generator().manual_seed(seed)
+    b, width = len(LENGTHS), max(LENGTHS)
+    mask = torch.arange(width)[None, :] < torch.tensor(LENGTHS)[:, None]
+    lp = -(torch.rand((b, width), generator=g, dtype=torch.float64) * 2 + 0.1)
+    old = lp - (torch.rand((b, width), generator=g, dtype=torch.float64) - 0.5) * 0.3
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    return {
+        "logprobs": torch.where(mask, lp, nan).to(dtype),
+        "old_logprobs": torch.where(mask, old, nan).to(dtype),
+        "advantages": adv.to(dtype),
+        "response_mask": mask,
+    }
+
+
+def token_losses(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """DAPO's per-token surrogate ``[b, T]``, 0 at padding."""
+    out = policy_loss(
+        DAPO.replace(aggregation="token-sum", budget=None),
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+    return torch.where(response_mask, out.token_loss, 0.0)
+
+
+# ------------------------------------------------------------------ correct scalings
+
+
+def token_mean_global(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    global_tokens: int,
+    world_size: int,
+) -> torch.Tensor:
+    """Token-mean over the step's global token count, times the world size (the
+    all-reduce mean divides by it): DAPO arXiv:2503.14476 Eq. 8 under data parallelism."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / global_tokens * world_size
+
+
+def token_mean_all_reduced(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, rank_tokens: int, world_size: int
+) -> torch.Tensor:
+    """The global count made by the step itself: this rank's token count all-reduced (SUM)
+    over the process group, as verl, prime-rl and OpenRLHF do."""
+    count = torch.tensor(float(rank_tokens), dtype=torch.float64)
+    dist.all_reduce(count)
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / count.to(tok.dtype) * world_size
+
+
+def token_mean_backward_itself(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    global_tokens: int,
+    world_size: int,
+) -> None:
+    """As :func:`token_mean_global`, but the step calls ``backward()`` and returns None."""
+    loss = token_mean_global(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                             world_size)  # fmt: skip
+    torch.autograd.backward(loss)  # what loss.backward() does
+
+
+def token_mean_float32_inside(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    global_tokens: int,
+    world_size: int,
+) -> torch.Tensor:
+    """The surrogate computed in float32 whatever the input dtype (bf16 inputs upcast)."""
+    f = torch.float32
+    tok = token_losses(logprobs.to(f), old_logprobs.to(f), advantages.to(f), response_mask)
+    return tok.sum() / global_tokens * world_size
+
+
+# ---------------------------------------------------------------------- known bugs
+
+
+def bug_rank_tokens(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, rank_tokens: int
+) -> torch.Tensor:
+    """prime-rl #2562: each rank divides by its own token count (no all-reduce) before the
+    reducer's mean over ranks. Row weight ``1 / (W n_rank)`` instead of ``1 / N``."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / rank_tokens
+
+
+def bug_mean_of_means(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    micro_batch_tokens: int,
+    gradient_accumulation_steps: int,
+) -> torch.Tensor:
+    """SkyRL PR #1296 / OpenRLHF #1249: token-mean of each micro-batch, divided by the
+    accumulation steps. Row weight ``1 / (W K n_mb)``."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / micro_batch_tokens / gradient_accumulation_steps
+
+
+def bug_accumulation_twice(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    global_tokens: int,
+    world_size: int,
+    gradient_accumulation_steps: int,
+) -> torch.Tensor:
+    """ms-swift #10116: the global normaliser already covers the step, and the loss is
+    divided by the accumulation steps again. ``1/K`` times the reference."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / global_tokens * world_size / gradient_accumulation_steps
+
+
+def bug_no_world_size(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_tokens: int
+) -> torch.Tensor:
+    """verl PRs #4510 / #5366: the global normaliser without the ``x world_size`` that the
+    all-reduce mean's ``1/W`` needs. ``1/W`` times the reference."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / global_tokens
+
+
+# ------------------------------------------------------------------ faulty functions
+
+
+def raises_on_rank_1(logprobs: T, response_mask: T, rank: int) -> torch.Tensor:
+    """Raises ValueError on rank 1 only (the other ranks then wait for it)."""
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    return torch.where(response_mask, logprobs, 0.0).sum()
+
+
+HANG_MARK = "POLGRAD_TEST_HANG_MARK"
+"""Environment variable: a file :func:`hangs_on_rank_1` creates before it sleeps."""
+
+
+def hangs_on_rank_1(logprobs: T, response_mask: T, rank: int) -> torch.Tensor:
+    """Sleeps for an hour on rank 1 (after touching ``$POLGRAD_TEST_HANG_MARK``)."""
+    if rank == 1:
+        mark = os.environ.get(HANG_MARK)
+        if mark:
+            with open(mark, "w") as f:
+                f.write(str(os.getpid()))
+        time.sleep(3600)
+    return torch.where(response_mask, logprobs, 0.0).sum()
+
+
+def exits_on_rank_1(logprobs: T, response_mask: T, rank: int) -> torch.Tensor:
+    """Ends rank 1's process with ``os._exit(7)`` (no exception to catch)."""
+    if rank == 1:
+        os._exit(7)
+    return torch.where(response_mask, logprobs, 0.0).sum()
+
+
+def modifies_advantages(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    global_tokens: int,
+    world_size: int,
+) -> torch.Tensor:
+    """Correct scaling, but writes into its ``advantages`` input in place."""
+    loss = token_mean_global(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                             world_size)  # fmt: skip
+    advantages.mul_(2.0)
+    return loss
