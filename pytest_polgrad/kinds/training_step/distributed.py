@@ -1,4 +1,4 @@
-"""The training step on a real process group: one spawned process per rank, DDP or FSDP2.
+"""The training step on a real process group: one process per rank, DDP or FSDP2.
 
 The simulated check (:func:`pytest_polgrad.kinds.training_step.kind.accumulate`) sums each
 rank's micro-batch gradients and averages the sums over ranks, as an all-reduce MEAN
@@ -15,27 +15,33 @@ averaging:
   the last of the accumulation; ``wrap="fsdp"``: FSDP2 ``fully_shard`` (``theta`` sharded
   along its rows) with ``set_requires_gradient_sync(False)`` but on the last micro-batch,
   the gradient gathered with ``full_tensor()``;
-* after the step ``theta.grad`` is ``(1/W) sum_r sum_k d loss_{r,k} / d logprobs`` (the
-  reducer's all-reduce mean, ``W`` ranks, ``k`` micro-batches), the quantity the
-  simulated check computes; the loss is ``(1/W) sum_r sum_k loss_{r,k}`` in the simulated
-  check's order of summation.
+* after the step ``theta.grad = (1/W) sum_r sum_k d loss_{r,k} / d logprobs`` (``W``
+  ranks, micro-batches ``k``): DDP all-reduces the accumulated gradients and divides them
+  by the world size, FSDP2 reduce-scatters them with an average (torch 2.13
+  ``DistributedDataParallel`` and ``fully_shard`` documentation), the quantity the
+  simulated check computes; the loss is ``(1/W) sum_r sum_k loss_{r,k}``, summed in the
+  simulated check's order.
 
 :func:`accumulate_distributed` takes the simulated check's inputs (its context and step)
 and returns a :class:`DistributedStep` with the fields of its result (``loss``, ``grad``,
 ``changed``). A step that calls ``torch.distributed.all_reduce`` itself runs as written:
 the default process group is the step's.
 
-Processes. Ranks are started with the ``spawn`` method (a fresh interpreter: no fork of a
-parent whose torch already runs threads, no helper server process that outlives a call)
-and rendezvous through a ``file://`` store in a temporary directory (no port is bound for
-it; gloo's own pair sockets close with the processes). A pool of ranks per world size
-stays up for the next call (a rank's start, with torch's import, costs seconds) and is
-killed after any failure, timeout or ``KeyboardInterrupt``; :func:`shutdown`, registered
-with :mod:`atexit`, stops every pool and removes its directory. Ranks ignore SIGINT (the
-parent kills them) and end themselves when the parent dies. The function under test is
-sent by reference (``module.qualname``, as :mod:`pickle` does), so it must be importable
-at module level; a module pytest imported from a file that is not on ``sys.path`` is
-loaded from that file in the rank.
+Processes. Each rank is a fresh interpreter (``python -c``, the parent's ``sys.path``) in
+a session of its own, fed through a socket pair. Not multiprocessing's ``fork`` (the
+parent's torch already runs threads), nor ``spawn`` (it re-runs the parent's ``__main__``
+in every rank and fails for a script without a ``__main__`` guard even when the step
+lives elsewhere), nor ``forkserver`` (its server process outlives the pool). Ranks
+rendezvous through a ``file://`` store in a temporary directory (no port is bound for it;
+gloo's pair sockets close with the processes). A pool of ranks per world size stays up
+for the next call (a rank's start, with torch's import, costs seconds) and is killed,
+session and all, after any failure, timeout or ``KeyboardInterrupt``; :func:`shutdown`,
+registered with :mod:`atexit`, stops every pool and removes its directory. Ranks ignore
+SIGINT (the parent kills them) and end themselves when their stdin, a pipe from the
+parent, closes (the parent died). The function under test is sent by reference
+(``module.qualname``, as :mod:`pickle` does), so it must be importable at module level;
+a module pytest imported from a file not on ``sys.path`` is loaded from that file, and a
+script's ``__main__`` is run as ``__mp_main__`` (its guarded block does not run).
 """
 
 from __future__ import annotations
@@ -292,12 +298,14 @@ def pools() -> list[PoolState]:
 
 
 def shutdown() -> None:
-    """Stop every pool: ranks asked to leave (then killed), directories removed."""
+    """Stop every pool this process started (not a forked child's inherited copies): ranks
+    asked to leave, then killed; directories removed."""
     with _LOCK:
         live = list(_POOLS.values())
         _POOLS.clear()
     for pool in live:
-        pool.stop()
+        if pool.owner == os.getpid():
+            pool.stop()
 
 
 # --------------------------------------------------------------------- parent: checks
@@ -360,8 +368,8 @@ def _reference(fn: Callable[..., Any]) -> tuple[bytes, dict[str, str]]:
     for obj in (fn, getattr(fn, "func", None)):
         module = sys.modules.get(getattr(obj, "__module__", None) or "")
         path = getattr(module, "__file__", None)
-        if module is not None and path and module.__name__ != "__main__":
-            files[module.__name__] = str(path)
+        if module is not None and path:
+            files[module.__name__] = str(Path(path).resolve())
     return payload, files
 
 
@@ -469,6 +477,7 @@ class _Pool:
         self.threads: list[int] = []
         self.directory = ""
         self.lock = threading.Lock()
+        self.owner = os.getpid()
 
     def state(self) -> PoolState:
         pids = tuple(p.pid for p in self.procs)
@@ -558,7 +567,10 @@ class _Pool:
 
     def _call(self, jobs: Sequence[bytes], timeout: float, what: str) -> dict[int, Any]:
         for r, job in enumerate(jobs):
-            self.conns[r].send_bytes(job)
+            try:
+                self.conns[r].send_bytes(job)
+            except OSError as exc:
+                raise LaunchError(f"rank {r}'s process ended between two calls: {exc}") from exc
         pending = set(range(self.world))
         loaded: set[int] = set()
         at: dict[int, tuple[int, str]] = {}

@@ -258,6 +258,9 @@ def test_bad_arguments_are_refused_before_any_rank_starts() -> None:
         D.run_step(S.token_mean_global, batch, split, timeout=0)
     with pytest.raises(ConfigError, match="device must be 'cpu' or 'cuda'"):
         D.run_step(S.token_mean_global, batch, split, device="tpu")
+    if torch.cuda.device_count() < 2:
+        with pytest.raises(ConfigError, match="world_size=2 needs 2 GPUs"):
+            D.run_step(S.token_mean_global, batch, split, device="cuda")
     with pytest.raises(InputError, match=r"split covers 2 rows but batch\['response_mask'\] has 8"):
         D.run_step(S.token_mean_global, batch, Split((((0,),), ((1,),))))
 
