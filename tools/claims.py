@@ -136,9 +136,25 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/reference/test_verify.py::test_gradcheck_every_registry_algorithm_on_ragged_batches",
     ),
     Claim(
-        "the gradcheck catches a wrong backward and a stop-gradient hidden in no_grad",
+        "the gradcheck catches a wrong backward",
         "derivations/index.md",
         "tests/reference/test_verify.py::test_gradcheck_catches_a_wrong_backward",
+    ),
+    Claim(
+        "gradcheck and the formula check hold a stop-gradient however it is written "
+        "(detach, torch.detach, .data, detach_, no_grad, set_grad_enabled) on a user's own loss",
+        "derivations/own-loss.md",
+        "tests/reference/test_verify_own_loss.py::test_every_stop_gradient_spelling_passes_the_formula_check",
+    ),
+    Claim(
+        "the formula check compares only where where= selects: NaN padding does not fail it",
+        "derivations/own-loss.md",
+        "tests/reference/test_verify_own_loss.py::test_nan_padding_is_masked_by_where",
+    ),
+    Claim(
+        "a missing stop-gradient is named as such, with the operation and line that lack it",
+        "derivations/own-loss.md",
+        "tests/reference/test_verify_own_loss.py::test_a_missing_stop_gradient_is_named_as_such",
     ),
     Claim(
         "the finite-difference formula check fails a wrong derivation and wrong code",

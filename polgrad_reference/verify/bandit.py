@@ -11,7 +11,7 @@ A response is one sampled arm: ``logprobs = log pi(a)``, ``[n, 1]``. The expecte
 of a per-sample loss estimator is estimated by Monte Carlo with its standard error, so a
 claim "estimator X is unbiased for gradient G" is checked within CLT tolerances and "is
 biased" by a distance of many of them (docs/derivations/kl.md). ``train`` runs a registry
-algorithm's loss on the bandit to convergence.
+algorithm's loss, a config or the user's own loss on the bandit to convergence.
 """
 
 from __future__ import annotations
@@ -23,11 +23,18 @@ from collections.abc import Callable
 import torch
 
 from ..advantages import compute_advantages
-from ..config import AdvantageEstimator, Aggregation, KLEstimator
-from ..errors import InputError
+from ..config import (
+    AdvantageConfig,
+    AdvantageEstimator,
+    Aggregation,
+    KLEstimator,
+    PolicyLossConfig,
+)
+from ..errors import InputError, InputTypeError
 from ..kl import k_values
-from ..loss import policy_loss
 from ..registry import get_algorithm
+from ._convention import LossLike, loss_callable, require_positive
+from ._errors import VerificationError
 
 __all__ = ["GradientEstimate", "SoftmaxBandit", "TrainingRun", "kl_loss_gradient", "train"]
 
@@ -146,8 +153,7 @@ class TrainingRun:
         return float(torch.softmax(self.logits, 0).max())
 
 
-def _advantages(name: str, rewards: torch.Tensor, group: int) -> torch.Tensor:
-    cfg = get_algorithm(name).advantage
+def _advantages(cfg: AdvantageConfig, rewards: torch.Tensor, group: int) -> torch.Tensor:
     n = rewards.numel()
     mask = torch.ones(n, 1, dtype=torch.bool)
     est = cfg.estimator
@@ -162,10 +168,42 @@ def _advantages(name: str, rewards: torch.Tensor, group: int) -> torch.Tensor:
     return compute_advantages(cfg, rewards=rewards, group_size=group)
 
 
+_GROUPED = frozenset(
+    {
+        AdvantageEstimator.GRPO,
+        AdvantageEstimator.RLOO,
+        AdvantageEstimator.OPO,
+        AdvantageEstimator.REINFORCE_PP_BASELINE,
+    }
+)
+
+
+def _count(name: str, value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < least:
+        raise InputError(f"{name} must be >= {least}, got {value}")
+    return value
+
+
+def _advantage_config(advantage: AdvantageConfig | str | None, default: str) -> AdvantageConfig:
+    if advantage is None:
+        return get_algorithm(default).advantage
+    if isinstance(advantage, str):
+        return get_algorithm(advantage).advantage
+    if not isinstance(advantage, AdvantageConfig):
+        raise InputTypeError(
+            f"advantage must be an AdvantageConfig or a registry name, got "
+            f"{type(advantage).__name__}"
+        )
+    return advantage
+
+
 def train(
-    name: str,
+    loss: LossLike,
     bandit: SoftmaxBandit,
     *,
+    advantage: AdvantageConfig | str | None = None,
     steps: int = 200,
     group: int = 16,
     prompts: int = 4,
@@ -173,43 +211,82 @@ def train(
     epochs: int = 2,
     seed: int = 0,
 ) -> TrainingRun:
-    """Optimise the bandit with registry algorithm ``name``'s advantage estimator and
-    policy loss: per step, ``prompts`` groups of ``group`` sampled arms, ``epochs``
-    gradient steps on the same samples (so ratios leave 1 and clipping acts), plain SGD on
-    the logits from zero. The reference policy for an as-loss KL is ``bandit.ref_logits``;
-    rollout log-probs equal the old ones (no mismatch). A token-sum-norm budget is the
-    bandit's generation budget, one token (Dr.GRPO's constant, arXiv:2503.20783)."""
-    spec = get_algorithm(name)
-    loss_cfg = spec.loss
-    if loss_cfg.aggregation is Aggregation.TOKEN_SUM_NORM:
-        loss_cfg = loss_cfg.replace(budget=1)
+    """Optimise the bandit with a policy loss and an advantage estimator: per step,
+    ``prompts`` groups of ``group`` sampled arms, ``epochs`` gradient steps on the same
+    samples (so ratios leave 1 and clipping acts), plain SGD on the logits from zero.
+
+    ``loss`` is a registry name (its own advantage estimator by default), a
+    :class:`~polgrad_reference.PolicyLossConfig`, or a callable with the policy-loss
+    calling convention (keyword tensors ``logprobs``, ``old_logprobs``, ``advantages``,
+    ``response_mask``, ``ref_logprobs``, ``rollout_logprobs``: those it takes; ``[n, 1]``
+    tensors, ``advantages`` ``[n]`` or ``[n, 1]``). ``advantage`` is an
+    :class:`~polgrad_reference.AdvantageConfig` or a registry name whose estimator to
+    use; without it, a config or callable gets GRPO's. The reference policy for an
+    as-loss KL is ``bandit.ref_logits``; rollout log-probs equal the old ones (no
+    mismatch). A registry config's token-sum-norm budget is the bandit's generation
+    budget, one token (Dr.GRPO's constant, arXiv:2503.20783).
+
+    ``steps``, ``prompts`` and ``epochs`` are ints >= 1, ``group`` >= 2 for a group
+    estimator (a group of one carries no relative signal) and >= 1 otherwise, ``lr`` a
+    positive finite float. Raises :class:`VerificationError` when the loss is not
+    differentiable in the logits or the logits stop being finite (``lr`` too large).
+    """
+    default = loss if isinstance(loss, str) else "grpo"
+    adv_cfg = _advantage_config(advantage, default)
+    if not isinstance(bandit, SoftmaxBandit):
+        raise InputTypeError(f"bandit must be a SoftmaxBandit, got {type(bandit).__name__}")
+    steps = _count("steps", steps, 1)
+    group = _count("group", group, 2 if adv_cfg.estimator in _GROUPED else 1)
+    prompts = _count("prompts", prompts, 1)
+    epochs = _count("epochs", epochs, 1)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputTypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    rate = require_positive("lr", lr)
+    if group * prompts < 2:
+        raise InputError(f"group * prompts must be >= 2 samples per step, got {group * prompts}")
+    if isinstance(loss, str):
+        loss = get_algorithm(loss).loss
+    if isinstance(loss, PolicyLossConfig) and loss.aggregation is Aggregation.TOKEN_SUM_NORM:
+        loss = loss.replace(budget=1)
+    offered: tuple[str, ...] = ("logprobs", "old_logprobs", "advantages", "response_mask")
+    offered += ("ref_logprobs", "rollout_logprobs")
+    call, _ = loss_callable(loss, offered)
     g = torch.Generator().manual_seed(seed)
     logits = torch.zeros(bandit.arms, dtype=F64, requires_grad=True)
     n = group * prompts
     mask = torch.ones(n, 1, dtype=torch.bool)
     ref_all = torch.log_softmax(bandit.ref_logits, 0)
     objectives = []
-    for _ in range(steps):
+    for step in range(steps):
         arms = bandit.sample(logits, n, g)
         old = torch.log_softmax(logits.detach(), 0)[arms][:, None]
-        adv = _advantages(name, bandit.rewards[arms], group)
+        adv = _advantages(adv_cfg, bandit.rewards[arms], group)
         for _ in range(epochs):
             lp = torch.log_softmax(logits, 0)[arms][:, None]
-            extra: dict[str, torch.Tensor] = {}
-            if loss_cfg.kl_in_loss:
-                extra["ref_logprobs"] = ref_all[arms][:, None]
-            if loss_cfg.is_correction is not None:
-                extra["rollout_logprobs"] = old
-            out = policy_loss(
-                loss_cfg,
-                logprobs=lp,
-                old_logprobs=old,
-                advantages=adv,
-                response_mask=mask,
-                **extra,
+            value = call(
+                {
+                    "logprobs": lp,
+                    "old_logprobs": old,
+                    "advantages": adv,
+                    "response_mask": mask,
+                    "ref_logprobs": ref_all[arms][:, None],
+                    "rollout_logprobs": old,
+                }
             )
-            (grad,) = torch.autograd.grad(out.loss, logits)
+            if not value.requires_grad:
+                raise VerificationError(
+                    "the loss is not differentiable in logprobs (no grad_fn: it was detached, "
+                    "computed under torch.no_grad(), or does not use logprobs)"
+                )
+            (grad,) = torch.autograd.grad(value, logits, allow_unused=True)
+            if grad is None:
+                raise VerificationError("the loss does not depend on logprobs (gradient is None)")
             with torch.no_grad():
-                logits -= lr * grad
+                logits -= rate * grad
+            if not bool(torch.isfinite(logits.detach()).all()):
+                raise VerificationError(
+                    f"the logits stopped being finite at step {step} (loss "
+                    f"{float(value.detach())}); lower lr={lr!r}"
+                )
         objectives.append(float(bandit.objective(logits.detach())))
     return TrainingRun(logits.detach(), tuple(objectives))

@@ -4,8 +4,11 @@
 differences of the same loss with its stop-gradients frozen at the base point
 (:class:`~polgrad_reference.verify.FrozenStopGradients`): the smooth function whose
 gradient the stop-gradient semantics define. Clipped, truncated and detached branches are
-therefore checked too. ``ragged_batch`` draws float64 batches that reach every clip region
-and stay away from the non-differentiable points (clip and IS bounds) of a config.
+therefore checked too, however the stop-gradient is written. The loss is a registry
+config, a registry name, or the user's own function with the policy-loss calling
+convention (``polgrad_reference.verify._convention``). ``ragged_batch`` draws float64
+batches that reach every clip region and stay away from the non-differentiable points
+(clip and IS bounds) of a config.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import torch
 
 from ..config import ISCorrection, ISLevel, PolicyLossConfig, RatioKind
 from ..errors import InputError, InputTypeError
-from ..loss import policy_loss
+from ..registry import get_algorithm
+from . import _convention as conv
+from ._errors import VerificationError
 from ._frozen import FrozenStopGradients
 
 __all__ = ["GradcheckResult", "VerificationError", "gradcheck_policy_loss", "ragged_batch"]
@@ -25,13 +30,10 @@ __all__ = ["GradcheckResult", "VerificationError", "gradcheck_policy_loss", "rag
 F64 = torch.float64
 
 
-class VerificationError(AssertionError):
-    """A verification found a gradient (or expectation) that disagrees with its reference."""
-
-
 @dataclasses.dataclass(frozen=True)
 class GradcheckResult:
-    """Autograd against central finite differences at every response token."""
+    """Autograd against central finite differences at every response token; at padding
+    the gradient must be exactly 0."""
 
     analytic: torch.Tensor
     """``d loss / d logprobs`` from autograd, ``[B, T]``."""
@@ -39,11 +41,18 @@ class GradcheckResult:
     """Central differences of the frozen-stop-gradient loss, ``[B, T]`` (0 at padding)."""
     tolerance: torch.Tensor
     """Per-token allowed ``|analytic - numeric|``."""
+    response_mask: torch.Tensor | None = None
+    """The response tokens compared; elsewhere the gradient must be exactly 0 (None: all)."""
 
     @property
     def errors(self) -> torch.Tensor:
-        """``|analytic - numeric| / tolerance`` per token (``<= 1`` passes)."""
-        return (self.analytic - self.numeric).abs() / self.tolerance
+        """``|analytic - numeric| / tolerance`` per response token (``<= 1`` passes; NaN
+        counts as inf); at padding 0 when the gradient is exactly 0 there, else inf."""
+        err = ((self.analytic - self.numeric).abs() / self.tolerance).nan_to_num(nan=math.inf)
+        if self.response_mask is None:
+            return err
+        leak = torch.where(self.analytic == 0, 0.0, math.inf).to(err.dtype)
+        return torch.where(self.response_mask, err, leak)
 
     @property
     def ok(self) -> bool:
@@ -53,15 +62,47 @@ class GradcheckResult:
         err = self.errors
         worst = int(err.argmax())
         b, t = divmod(worst, err.shape[1])
+        if self.response_mask is not None and not bool(self.response_mask[b, t]):
+            return (
+                f"gradcheck FAILED: the gradient at padding position (b, t) = ({b}, {t}) is "
+                f"{float(self.analytic[b, t]):.12g}, not 0: the loss reads a position "
+                "response_mask excludes (mask with torch.where, not by multiplying: NaN * 0 "
+                "is NaN)"
+            )
         return (
             f"gradcheck {'passed' if self.ok else 'FAILED'}: worst at (b, t) = ({b}, {t}): "
             f"autograd {float(self.analytic[b, t]):.12g}, finite differences "
             f"{float(self.numeric[b, t]):.12g} ({float(err[b, t]):.3g}x the tolerance)"
+            + ("" if self.ok else _WHY)
+        )
+
+
+_WHY = (
+    "; autograd's gradient is not the derivative of the loss's own values (stop-gradients "
+    "held at the base point): a hand-written backward (torch.autograd.Function) or a value "
+    "autograd does not see (an in-place write through .data) is the usual cause"
+)
+
+
+def _differentiable(loss: torch.Tensor, label: str) -> None:
+    if not loss.requires_grad:
+        raise VerificationError(
+            f"{label} is not differentiable in logprobs (no grad_fn: it was detached, computed "
+            "under torch.no_grad(), or does not use logprobs)"
+        )
+
+
+def _finite(value: torch.Tensor, label: str) -> None:
+    if not bool(torch.isfinite(value)):
+        raise VerificationError(
+            f"{label} is {float(value)} at the base point; ragged_batch puts NaN at padding, "
+            "which a loss must not read: mask with torch.where (multiplying by the mask keeps "
+            "NaN, NaN * 0 = NaN), or draw the batch with ragged_batch(..., padding='garbage')"
         )
 
 
 def gradcheck_policy_loss(
-    cfg: PolicyLossConfig,
+    loss: conv.LossLike,
     *,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -75,52 +116,74 @@ def gradcheck_policy_loss(
     atol: float = 1e-9,
     raise_on_failure: bool = True,
 ) -> GradcheckResult:
-    """Check ``policy_loss(cfg, ...)``'s gradient at ``logprobs`` (float64 required).
+    """Check the gradient of ``loss`` in ``logprobs`` (float64 required) at every response
+    token, and that it is exactly 0 at padding.
+
+    ``loss`` is a :class:`~polgrad_reference.PolicyLossConfig`, a registry name, or a
+    callable with the policy-loss calling convention: keyword tensors (``logprobs``,
+    ``old_logprobs``, ``advantages``, ``response_mask``, ``ref_logprobs``,
+    ``rollout_logprobs``, ``token_selection``: those it takes) returning the scalar loss
+    (or a tuple, mapping or object holding it as ``[0]``, ``["loss"]``, ``.loss``).
 
     ``numeric[b, t] = (F(x + h e_bt) - F(x - h e_bt)) / 2h`` with ``F`` the loss with
-    stop-gradients frozen at ``x``; the truncation error is ``O(h^2)`` and the rounding
-    error ``O(u |F| / h)``, both far below ``atol + rtol |analytic|`` at the defaults.
-    Raises :class:`VerificationError` with the worst token when it fails (unless
-    ``raise_on_failure=False``).
+    stop-gradients frozen at ``x`` (``detach`` in any spelling, ``.data``, ``no_grad``
+    regions: :mod:`~polgrad_reference.verify._frozen`); the truncation error is ``O(h^2)``
+    and the rounding error ``O(u |F| / h)``, both far below ``atol + rtol |analytic|`` at
+    the defaults. Raises :class:`VerificationError` with the worst token when it fails
+    (unless ``raise_on_failure=False``), and when the loss is not differentiable, not
+    finite at the base point, or its code path changes within ``h``.
     """
     if not isinstance(logprobs, torch.Tensor) or logprobs.dtype is not F64:
         got = logprobs.dtype if isinstance(logprobs, torch.Tensor) else type(logprobs).__name__
         raise InputTypeError(f"logprobs must be a float64 tensor for a gradcheck, got {got}")
-    for name, value in (("step", step), ("rtol", rtol), ("atol", atol)):
-        if not (isinstance(value, float) and math.isfinite(value) and value > 0):
-            raise InputError(f"{name} must be a positive finite float, got {value!r}")
-    extra = {
+    h = conv.require_positive("step", step)
+    rtol, atol = conv.require_tolerance(rtol, atol)
+    given = {
         k: v
         for k, v in (
+            ("logprobs", logprobs),
+            ("old_logprobs", old_logprobs),
+            ("advantages", advantages),
+            ("response_mask", response_mask),
             ("ref_logprobs", ref_logprobs),
             ("rollout_logprobs", rollout_logprobs),
             ("token_selection", token_selection),
         )
         if v is not None
     }
+    if not isinstance(response_mask, torch.Tensor) or response_mask.dtype is not torch.bool:
+        raise InputTypeError("response_mask must be a torch.bool tensor")
+    if response_mask.shape != logprobs.shape:
+        raise InputError(
+            f"response_mask must have the shape of logprobs {list(logprobs.shape)}, got "
+            f"{list(response_mask.shape)}"
+        )
+    call, _ = conv.loss_callable(loss, tuple(given))
+    label = "the loss"
+    if not isinstance(loss, (str, PolicyLossConfig)):
+        label = f"loss {getattr(loss, '__qualname__', loss)}"
 
-    def loss(lp: torch.Tensor) -> torch.Tensor:
-        return policy_loss(
-            cfg,
-            logprobs=lp,
-            old_logprobs=old_logprobs,
-            advantages=advantages,
-            response_mask=response_mask,
-            **extra,
-        ).loss
+    def value(lp: torch.Tensor) -> torch.Tensor:
+        return call({**given, "logprobs": lp})
 
     x0 = logprobs.detach().clone().requires_grad_(True)
-    (analytic,) = torch.autograd.grad(loss(x0), x0)
-    frozen = FrozenStopGradients(loss)
-    with torch.no_grad():
-        frozen(x0.detach())
+    with torch.enable_grad():
+        frozen = FrozenStopGradients(value)
+        base = frozen(x0)
+        _differentiable(base, label)
+        _finite(base.detach(), label)
+        (analytic,) = torch.autograd.grad(base, x0, allow_unused=True)
+        analytic = torch.zeros_like(x0) if analytic is None else analytic
         numeric = torch.zeros_like(analytic)
         for b, t in response_mask.nonzero().tolist():
-            up, down = x0.detach().clone(), x0.detach().clone()
-            up[b, t] += step
-            down[b, t] -= step
-            numeric[b, t] = (frozen(up) - frozen(down)) / (2 * step)
-    result = GradcheckResult(analytic, numeric, atol + rtol * analytic.abs())
+            up = x0.detach().clone()
+            down = x0.detach().clone()
+            up[b, t] += h
+            down[b, t] -= h
+            f_up = frozen(up.requires_grad_(True)).detach()
+            f_down = frozen(down.requires_grad_(True)).detach()
+            numeric[b, t] = (f_up - f_down) / (2 * h)
+    result = GradcheckResult(analytic, numeric, atol + rtol * analytic.abs(), response_mask)
     if raise_on_failure and not result.ok:
         raise VerificationError(result.summary())
     return result
@@ -141,23 +204,46 @@ def _far(values: torch.Tensor, bounds: list[float], margin: float) -> bool:
     return all(bool(((values - b).abs() > margin * b).all()) for b in bounds)
 
 
+_PADDING = ("nan", "garbage")
+
+
 def ragged_batch(
-    cfg: PolicyLossConfig,
+    cfg: PolicyLossConfig | str,
     *,
     seed: int,
     lengths: tuple[int, ...] = (1, 3, 5, 8),
     margin: float = 1e-4,
+    padding: str = "nan",
 ) -> dict[str, torch.Tensor]:
-    """A float64 right-padded batch for ``cfg`` whose ratios reach every clip region and
-    stay at least ``margin`` (relative) away from each clip / IS bound.
+    """A float64 right-padded batch for ``cfg`` (a config or a registry name) whose ratios
+    reach every clip region and stay at least ``margin`` (relative) away from each clip /
+    IS bound.
 
     Row ``i`` draws log-ratios of scale ``(1e-4, 1e-2, 0.3, 1.2)[i % 4]``, so sequence
     ratios fall both inside and outside GSPO's 1 +- 4e-4 and token ratios reach CISPO's
     caps; rollout/trainer log-ratios (IS corrections) use the same row scales; advantages
-    alternate in sign; NaN sits at padding.
+    alternate in sign. Padding holds NaN (``padding="nan"``, which a loss that masks by
+    multiplying cannot survive) or finite values of order 1e4 (``"garbage"``); pass
+    ``where=batch["response_mask"]`` to :func:`check_gradient_formula` to compare only the
+    response tokens.
     """
-    if not lengths or any(not isinstance(n, int) or n < 1 for n in lengths):
+    if isinstance(cfg, str):
+        cfg = get_algorithm(cfg).loss
+    if not isinstance(cfg, PolicyLossConfig):
+        raise InputTypeError(
+            f"cfg must be a PolicyLossConfig or a registry name, got {type(cfg).__name__}"
+        )
+    if (
+        not isinstance(lengths, tuple)
+        or not lengths
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in lengths)
+    ):
         raise InputError(f"lengths must be positive ints, got {lengths!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputTypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    margin = conv.require_positive("margin", margin)
+    if padding not in _PADDING:
+        raise InputError(f"padding must be one of {_PADDING}, got {padding!r}")
     g = torch.Generator().manual_seed(seed)
     width = max(lengths)
     mask = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
@@ -181,7 +267,10 @@ def ragged_batch(
             rho = torch.exp(torch.where(mask, log_rho, 0.0).sum(1) / counts)
         ratios = token[mask] if cfg.ratio is RatioKind.TOKEN else seq
         if _far(ratios, _bounds(cfg), margin) and _far(rho, _is_bounds(corr), margin):
-            nan = torch.full_like(lp, math.nan)
+            if padding == "nan":
+                nan = torch.full_like(lp, math.nan)
+            else:
+                nan = 1e4 * (2 * torch.rand(mask.shape, generator=g, dtype=F64) - 1)
             return {
                 "logprobs": torch.where(mask, lp, nan),
                 "old_logprobs": torch.where(mask, lp - log_r, nan),
