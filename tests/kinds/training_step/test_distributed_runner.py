@@ -327,21 +327,33 @@ def test_a_rank_that_ends_its_process_is_named() -> None:
 _SCRIPT = """
 import json, os, sys
 sys.path[:0] = [{repo!r}]
+import torch
 from pytest_polgrad.kinds.training_step import distributed as D
 from tests.kinds.training_step import distributed_steps as S
 
-D.run_step(S.token_mean_global, S.step_batch(), S.split_of(2), wrap="fsdp")
-(state,) = D.pools()
-print(json.dumps({{"pids": state.pids, "directory": state.directory}}), flush=True)
-if sys.argv[1] == "hang":
-    try:
-        D.run_step(S.hangs_on_rank_1, S.step_batch(), S.split_of(2), timeout=600)
-    except KeyboardInterrupt:  # what is left at this moment, before atexit runs
-        alive = [p for p in state.pids if os.path.exists(f"/proc/{{p}}")]
-        left = {{"pools": len(D.pools()), "alive": alive,
-                 "directory": os.path.exists(state.directory)}}
-        print(json.dumps(left), flush=True)
-        raise
+
+def own_step(logprobs, response_mask, global_tokens, world_size):
+    # defined in the script: the ranks run it as __mp_main__ (the block below does not run)
+    return torch.where(response_mask, logprobs, 0.0).sum() / global_tokens * world_size
+
+
+if __name__ == "__main__":
+    D.run_step(S.token_mean_global, S.step_batch(), S.split_of(2), wrap="fsdp")
+    (state,) = D.pools()
+    own = D.run_step(own_step, S.step_batch(), S.split_of(2), wrap="ddp")
+    mask = S.step_batch()["response_mask"]
+    expected = torch.where(mask, 1.0 / mask.sum(), 0.0).to(torch.float64)
+    print(json.dumps({{"pids": state.pids, "directory": state.directory,
+                       "own": bool(torch.allclose(own.grad, expected, rtol=1e-15))}}), flush=True)
+    if sys.argv[1] == "hang":
+        try:
+            D.run_step(S.hangs_on_rank_1, S.step_batch(), S.split_of(2), timeout=600)
+        except KeyboardInterrupt:  # what is left at this moment, before atexit runs
+            alive = [p for p in state.pids if os.path.exists(f"/proc/{{p}}")]
+            left = {{"pools": len(D.pools()), "alive": alive,
+                     "directory": os.path.exists(state.directory)}}
+            print(json.dumps(left), flush=True)
+            raise
 """
 
 
@@ -358,6 +370,7 @@ def _script(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], D.PoolSta
     if not line:
         pytest.fail(f"the script printed nothing: {proc.communicate()[1]}")
     data = json.loads(line)
+    assert data["own"], "the script's own __main__ step gave a wrong gradient"
     return proc, D.PoolState(2, "gloo", "cpu", tuple(data["pids"]), data["directory"])
 
 
@@ -370,7 +383,8 @@ def _wait_gone(state: D.PoolState) -> None:
 
 
 def test_an_interpreter_that_exits_after_a_pass_leaves_nothing(tmp_path: Path) -> None:
-    """The pool stays up between calls; at exit (atexit) its ranks and directory go."""
+    """The pool stays up between calls (a step from the script's own ``__main__`` runs on
+    it too); at exit (atexit) its ranks and directory go."""
     proc, state = _script(tmp_path, "pass")
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
