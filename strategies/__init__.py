@@ -10,8 +10,7 @@ right-padded, left-padded and packed rows exactly. See ``docs/strategies.md``.
 from __future__ import annotations
 
 from ._advantages import advantages
-from ._batch import Batch
-from ._build import build, build_many
+from ._batch import Batch, build, build_many
 from ._configs import algorithm_names, loss_configs
 from ._domain import DEFAULT_CLIPS, DOMAINS, EXTREME, SEMANTIC, SUPPORTED_DTYPES, Domain
 from ._draw import batches

@@ -1,17 +1,21 @@
-"""The drawn object: a frozen batch of loss inputs, its layout, and the plan behind it."""
+"""The drawn object: a frozen batch of loss inputs, its layout, and the plan behind it;
+``build(plan) -> Batch`` and ``build_many``, which wrap the plan's tensors
+(:func:`._build.build_fields`) in batches."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from ._build import build_fields
 from ._layout import Layout, left_to_right, pack, right_to_left, row_extents, unpack
 from ._plan import BatchPlan
 from ._snippet import snippet, tensor_literal
 
-__all__ = ["FIELDS", "Batch"]
+__all__ = ["FIELDS", "Batch", "build", "build_many"]
 
 FIELDS = (
     "logprobs",
@@ -237,8 +241,6 @@ class Batch:
         """
         if self.plan is None:
             raise ValueError("this Batch has no plan (it was not drawn); nothing to rebuild")
-        from ._build import build
-
         changes: dict[str, Any] = {}
         if dtype is not None:
             changes["dtype"] = str(dtype).removeprefix("torch.")
@@ -286,3 +288,18 @@ class Batch:
         if self.layout == "packed":
             args.append(f"per_token_advantages={self.per_token_advantages!r}")
         return "Batch(\n" + "".join(f"    {a},\n" for a in args) + ")"
+
+
+def build(plan: BatchPlan) -> Batch:
+    """The batch of ``plan``: bitwise identical on every call and in every process."""
+    return build_many([plan])[0]
+
+
+def build_many(plans: Sequence[BatchPlan]) -> list[Batch]:
+    """``[build(plan) for plan in plans]``, bitwise: the tensors of all plans built together
+    (:func:`._build.build_fields`), each batch then put in its plan's layout."""
+    out: list[Batch] = []
+    for plan, fields in zip(plans, build_fields(plans), strict=True):
+        batch = Batch(**fields, layout="right", plan=plan)
+        out.append(batch if plan.layout == "right" else batch.to_layout(plan.layout))  # type: ignore[arg-type]
+    return out

@@ -1,25 +1,43 @@
-"""``build(plan) -> Batch``: the pure, deterministic half of drawing a batch; ``build_many``
-builds many plans at once (a pool), each exactly as ``build`` does alone."""
+"""The tensors of plans: the pure, deterministic half of drawing a batch.
+
+:func:`build_fields` turns plans into their right-padded tensors, many plans at once (a
+pool), each exactly as it would be alone. It knows nothing of :class:`~._batch.Batch`:
+``_batch`` wraps the fields (``build``, ``build_many``, ``Batch.rebuild``), so the two
+modules import one way only.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 import torch
 
 from ._advantages import build_advantages, fill_invalid, row_advantages
-from ._batch import Batch
 from ._groups import build_groups
 from ._masks import Hole, build_masks
 from ._plan import BatchPlan, RefPlan, RolloutPlan, stream
 from ._values import build_logprob_pairs, grid
 
-__all__ = ["build", "build_many"]
+__all__ = ["Fields", "build_fields"]
 
 # Garbage for the padding of constant-style batches (random and grid styles already hold
 # values from the same distribution there): plausible logprobs inside every domain bound,
 # with a visible log-ratio of -1 between logprobs and old_logprobs.
 _CONSTANT_GARBAGE = {"logprobs": -3.0, "old_logprobs": -2.0, "ref": -4.0, "rollout": -3.0}
+
+
+class Fields(TypedDict):
+    """A plan's tensors by :class:`~._batch.Batch` field name, right-padded."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    rollout_logprobs: torch.Tensor | None
+    rewards: torch.Tensor | None
+    group_ids: torch.Tensor | None
 
 
 def _gen_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -69,16 +87,11 @@ def _pad(
                 fill_invalid(x, extents, holes, _CONSTANT_GARBAGE[key])
 
 
-def build(plan: BatchPlan) -> Batch:
-    """The batch of ``plan``: bitwise identical on every call and in every process."""
-    return build_many([plan])[0]
-
-
-def build_many(plans: Sequence[BatchPlan]) -> list[Batch]:
-    """``[build(plan) for plan in plans]``, bitwise, with the logprobs of all plans of one
-    dtype built together (:func:`build_logprob_pairs`): most of a small batch's cost is
-    the fixed cost of each tensor operation, which they then share."""
-    out: list[Batch | None] = [None] * len(plans)
+def build_fields(plans: Sequence[BatchPlan]) -> list[Fields]:
+    """The right-padded tensors of each plan, bitwise as if built alone, with the logprobs
+    of all plans of one dtype built together (:func:`build_logprob_pairs`): most of a small
+    batch's cost is the fixed cost of each tensor operation, which they then share."""
+    out: list[Fields | None] = [None] * len(plans)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, plan in enumerate(plans):
         by_dtype.setdefault(plan.torch_dtype, []).append(i)
@@ -89,7 +102,7 @@ def build_many(plans: Sequence[BatchPlan]) -> list[Batch]:
         rows = row_advantages([(p.advantages, p.seed) for p in group])
         for i, pair, mask, row in zip(members, pairs, masks, rows, strict=True):
             out[i] = _assemble(plans[i], pair, mask, row)
-    return [batch for batch in out if batch is not None]
+    return [fields for fields in out if fields is not None]
 
 
 def _assemble(
@@ -97,8 +110,8 @@ def _assemble(
     pair: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor,
     rows_and_scales: tuple[torch.Tensor, torch.Tensor],
-) -> Batch:
-    """The batch of ``plan`` around its logprob pair, mask and row advantages."""
+) -> Fields:
+    """The tensors of ``plan`` around its logprob pair, mask and row advantages."""
     lp, old = pair
     dtype = plan.torch_dtype
     extents, width, holes = plan.extents, plan.width, plan.holes
@@ -123,16 +136,13 @@ def _assemble(
     rewards = group_ids = None
     if plan.groups is not None:
         rewards, group_ids = build_groups(plan.groups, dtype)
-    batch = Batch(
-        logprobs=token["logprobs"],
-        old_logprobs=token["old_logprobs"],
-        advantages=adv,
-        response_mask=mask,
-        ref_logprobs=token.get("ref_logprobs"),
-        rollout_logprobs=token.get("rollout_logprobs"),
-        rewards=rewards,
-        group_ids=group_ids,
-        layout="right",
-        plan=plan,
-    )
-    return batch if plan.layout == "right" else batch.to_layout(plan.layout)  # type: ignore[arg-type]
+    return {
+        "logprobs": token["logprobs"],
+        "old_logprobs": token["old_logprobs"],
+        "advantages": adv,
+        "response_mask": mask,
+        "ref_logprobs": token.get("ref_logprobs"),
+        "rollout_logprobs": token.get("rollout_logprobs"),
+        "rewards": rewards,
+        "group_ids": group_ids,
+    }

@@ -12,8 +12,7 @@ from hypothesis.errors import InvalidArgument
 from polgrad_reference.config import ClipConfig
 
 from ._advantages import draw_advantage_plan, row_signs
-from ._batch import Batch
-from ._build import build_many
+from ._batch import Batch, build_many
 from ._cache import choice, ints
 from ._domain import DEFAULT_CLIPS, Domain, safe_magnitudes
 from ._groups import draw_group_plan

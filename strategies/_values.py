@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import torch
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from polgrad_reference.config import ClipConfig
 
@@ -371,8 +372,6 @@ def build_logprob_pairs(
 def _check_shape(shape: object) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, int) else shape
     if not isinstance(dims, tuple):
-        from hypothesis.errors import InvalidArgument
-
         raise InvalidArgument(f"shape must be an int or a tuple of ints, got {shape!r}")
     for i, d in enumerate(dims):
         check_int(f"shape[{i}]", d, minimum=0)

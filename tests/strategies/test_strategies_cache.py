@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 
 from pytest_polgrad import assert_conforms
-from pytest_polgrad.strategies import batches
-from strategies import _cache
+from pytest_polgrad.strategies import _cache, batches
 
 
 def test_int_and_float_bounds_are_cached_apart() -> None:
