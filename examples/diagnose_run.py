@@ -40,6 +40,20 @@ WINDOW = 10
 """A detector 'fires at its injection point' when it fires in ``[inject, inject + WINDOW]``;
 the entropy changepoint estimate must lie in ``[inject, inject + 2 * WINDOW]``."""
 MONITORED = {"mismatch": "mismatch/z", "entropy": "entropy_cov/z", "length": "length/z"}
+INJECTED_BY = {stat: name for name, stat in MONITORED.items()}
+LABELS = {
+    "mismatch/z": "mismatch z",
+    "ess/token": "token ESS/n",
+    "entropy/mean": "exact entropy (from the logits)",
+    "entropy_sampled/mean": "sampled entropy (-log pi of the sampled tokens)",
+    "entropy_cov/z": "Cov(log pi, A) z",
+    "length/drive": "length drive D",
+    "cusum/mismatch/z/up": "mismatch: rollout drifts from the trainer",
+    "cusum/entropy_cov/z/up": "Cov(log pi, A): entropy being drained",
+    "cusum/length/z/up": "length drive: towards long",
+    "cusum/length/z/down": "length drive: towards short",
+}
+"""Legend text for each plotted series key."""
 B, T, V = 64, 64, 16
 NOISE = 0.01
 
@@ -99,8 +113,10 @@ def synthetic_step(step: int, g: torch.Generator) -> dict[str, torch.Tensor]:
     }
 
 
-def diagnose_step(x: dict[str, torch.Tensor]) -> dict[str, D.DiagnosticResult]:
-    """Every detector on one step's tensors."""
+def diagnose_step(x: dict[str, torch.Tensor], step: int = 0) -> dict[str, D.DiagnosticResult]:
+    """Every detector on one step's tensors; the randomization tests draw their
+    rearrangements from ``seed=step``, independent from step to step (what the monitor's
+    bound needs of their z's)."""
     mask, tr, ro, adv = x["response_mask"], x["trainer"], x["rollout"], x["advantages"]
     return {
         "ess": D.importance_ess(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask),
@@ -109,14 +125,19 @@ def diagnose_step(x: dict[str, torch.Tensor]) -> dict[str, D.DiagnosticResult]:
             rollout_logprobs=ro,
             rescored_logprobs=x["rescored"],
             response_mask=mask,
+            seed=step,
         ),
         "clip": D.clip_report(
             PolicyLossConfig(), logprobs=tr, old_logprobs=ro, advantages=adv, response_mask=mask
         ),
         "entropy_exact": D.entropy_from_logits(logits=x["logits"], response_mask=mask),
         "entropy_sampled": D.entropy_from_logprobs(logprobs=tr, response_mask=mask),
-        "cov": D.logprob_advantage_covariance(logprobs=tr, advantages=adv, response_mask=mask),
-        "length": D.length_bias(advantages=adv, response_mask=mask, aggregation="token-mean"),
+        "cov": D.logprob_advantage_covariance(
+            logprobs=tr, advantages=adv, response_mask=mask, seed=step
+        ),
+        "length": D.length_bias(
+            advantages=adv, response_mask=mask, aggregation="token-mean", seed=step
+        ),
     }
 
 
@@ -135,7 +156,7 @@ def run(seed: int = 0) -> RunResult:
     series: dict[str, list[float]] = {}
     last: dict[str, D.DiagnosticResult] = {}
     for step in range(STEPS):
-        last = diagnose_step(synthetic_step(step, g))
+        last = diagnose_step(synthetic_step(step, g), step)
         metrics: dict[str, float] = {}
         for res in last.values():
             metrics |= res.as_metrics()
@@ -172,24 +193,38 @@ def plot(result: RunResult, path: Path) -> Path | None:
     steps = list(range(STEPS))
     colors = {"mismatch": "tab:red", "entropy": "tab:purple", "length": "tab:green"}
     panels = [
-        ("trainer vs rollout: sign-test z", ["mismatch/z"], "mismatch"),
-        ("ESS/n (token)", ["ess/token"], "mismatch"),
+        (
+            "trainer vs rollout: mismatch z (row sign-flip test; capped near 3.9 by its "
+            "19,999 flips)",
+            ["mismatch/z"],
+            "mismatch",
+        ),
+        ("importance weights: token ESS/n", ["ess/token"], "mismatch"),
         ("entropy (nats/token)", ["entropy/mean", "entropy_sampled/mean"], "entropy"),
-        ("Cov(log pi, A): z", ["entropy_cov/z"], "entropy"),
-        ("length drive (token-mean)", ["length/drive"], "length"),
-        ("CUSUM (threshold h dashed)", [k for k in s if k.startswith("cusum/")], None),
+        ("Cov(log pi, A): z (permutation test)", ["entropy_cov/z"], "entropy"),
+        ("length drive D under token-mean (band: 95% interval)", ["length/drive"], "length"),
+        (
+            "CUSUM per watched side (dashed: threshold h; every alarm marked, first ones large)",
+            [k for k in s if k.startswith("cusum/")],
+            None,
+        ),
     ]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 13), sharex=True)
     for ax, (title, keys, what) in zip(axes, panels, strict=True):
         for key in keys:
-            ax.plot(steps, s[key], lw=1.2, label=key)
+            ax.plot(steps, s[key], lw=1.2, label=LABELS.get(key, key))
         if what == "length":
             ax.fill_between(steps, s["length/ci_low"], s["length/ci_high"], alpha=0.25, lw=0)
         if what == "entropy" and keys[0] == "entropy/mean":
             cp = result.entropy_full.changepoint
-            ax.axvline(cp, color="black", ls=":", lw=1.2, label=f"changepoint estimate {cp}")
+            ax.axvline(cp, color="black", ls=":", lw=1.2, label=f"changepoint estimate (step {cp})")
         if what is None:
             ax.axhline(result.monitor.threshold, color="black", ls="--", lw=1)
+            for each in result.monitor.alarms:
+                name = INJECTED_BY[each.statistic]
+                ax.plot(
+                    [each.step], [result.monitor.threshold], marker="|", color=colors[name], ms=10
+                )
         for name, step in INJECT.items():
             ax.axvline(step, color=colors[name], ls="--", lw=1)
             alarm = result.first_alarm[name]
@@ -199,7 +234,7 @@ def plot(result: RunResult, path: Path) -> Path | None:
         ax.set_title(title, fontsize=10, loc="left")
         ax.legend(fontsize=7, loc="upper left")
     axes[-1].set_xlabel(
-        "step (dashed: injections - drift 60, entropy collapse 110, length bias 150; "
+        "step (dashed: injections - rollout drift 60, entropy collapse 110, length bias 150; "
         "triangles: first alarms)"
     )
     fig.tight_layout()

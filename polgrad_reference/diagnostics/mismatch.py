@@ -12,12 +12,27 @@ quantiles, the fraction of tokens with ``w`` outside a band and the catastrophic
 The alarm is a test against a stated null, not a bare threshold:
 
 - ``null="noise-floor"`` (``rescored_logprobs`` given): the trainer re-scores the same
-  tokens at another batch shape, ``d0 = trainer_logprobs - rescored_logprobs``. Null: per
-  token, ``(d, d0)`` is exchangeable (the rollout engine is as close to the trainer as the
-  trainer is to itself), independently across tokens. Then, among tokens with
-  ``|d| != |d0|``, the count ``K`` of ``|d| > |d0|`` is exactly ``Binomial(m, 1/2)``
-  (sign test); ``p = P(X >= K)`` is exact and the alarm ``p <= alpha`` has level
-  ``<= alpha``.
+  tokens at another batch shape, ``d0 = trainer_logprobs - rescored_logprobs``. A token
+  *exceeds* when ``|d| > margin |d0| + atol`` and *stays within* when ``|d| < margin |d0|
+  + atol``; row ``b``'s score is ``c_b = #exceed - #within``. **Null:** rows are
+  independent, and within each row the rollout's discrepancy is no larger than the
+  floor's, ``margin``-inflated plus ``atol``: given ``|c_b|``, ``c_b > 0`` is at most as
+  likely as ``c_b < 0``. It holds with equality when the row vectors ``(|d_b|)`` and
+  ``(margin |d0_b| + atol)`` are exchangeable (e.g. ``margin = 1``, ``atol = 0`` and the
+  rollout engine as close to the trainer as the trainer is to itself, errors shared along
+  a row allowed), and leans negative for a rollout closer than that. The test flips the
+  signs of whole rows (the row is the unit, so errors shared within a row are allowed):
+  the Monte Carlo sign-flip p-value of ``sum_b c_b`` has level ``<= alpha`` at every
+  ``B`` (Hemerik & Goeman 2018), and the probit ``z`` of the randomized p-value is
+  ``N(0, 1)`` on the null's boundary and stochastically smaller inside it (what
+  ``RunMonitor``'s ``"up"`` side needs). ``margin = 1.1`` puts a rollout up to about 10%
+  noisier than the floor inside the null, so one 5% noisier is a non-event (the old
+  token-level sign test alarmed on 99.5% of such batches at 32k tokens), and
+  ``atol = 1e-4`` (a ratio within 0.01% of 1; float32 rounds a log-probability near -10
+  by about 1e-6) keeps a bitwise-equal re-score, whose floor is 0, from turning a 1e-6
+  rounding difference into an alarm. With fewer than
+  ``log2(2 / alpha)`` rows holding a nonzero score the test cannot reach ``alpha`` and
+  reports "too few rows to decide".
 - ``null="on-policy"`` (no rescore): the rollout logprobs are the trainer's, bitwise. Any
   ``d != 0`` is a mismatch (level 0).
 
@@ -33,7 +48,19 @@ import torch
 
 from .. import _validate as v
 from ..errors import ConfigError, NumericalError
-from ._common import DiagnosticResult, binomial_half_upper_tail, check_alpha, token_tensors
+from ._common import (
+    DiagnosticResult,
+    Resampler,
+    can_decide,
+    check_alpha,
+    check_resamples,
+    check_seed,
+    log_sign_patterns,
+    min_sign_rows,
+    probit,
+    randomization_p,
+    token_tensors,
+)
 
 __all__ = ["DEFAULT_QUANTILES", "LogprobMismatch", "logprob_mismatch"]
 
@@ -67,15 +94,28 @@ class LogprobMismatch(DiagnosticResult):
     null: str
     """``"noise-floor"`` or ``"on-policy"``."""
     alpha: float
+    margin: float
+    """Factor on ``|d0|`` a token must exceed (noise floor)."""
+    atol: float
+    """Absolute log-ratio added to the floor (noise floor)."""
     p_value: float
     alarm: bool
+    """``decided`` and ``p_value <= alpha``."""
+    decided: bool
+    """False when too few rows carry a nonzero score to reach ``alpha`` (``min_rows``)."""
+    min_rows: int
     n_informative: int
-    """Tokens the test uses: ``|d| != |d0|`` (noise floor) or every token (on-policy)."""
+    """Tokens the test uses: ``|d| != margin |d0| + atol`` (noise floor) or every token
+    (on-policy)."""
     n_exceed: int
-    """Tokens with ``|d| > |d0|`` (noise floor) or ``d != 0`` (on-policy)."""
+    """Tokens with ``|d| > margin |d0| + atol`` (noise floor) or ``d != 0`` (on-policy)."""
+    n_rows_informative: int
+    """Rows with a nonzero score ``c_b`` (noise floor; every row on-policy)."""
     z: float | None
-    """Sign-test z, ``(2K - m) / sqrt(m)`` (asymptotically ``N(0, 1)`` under the null;
-    feed it to ``RunMonitor``); None for the on-policy null."""
+    """Probit of the randomized sign-flip p-value (``N(0, 1)`` on the null's boundary,
+    stochastically smaller inside it; feed it to ``RunMonitor``, direction ``"up"``);
+    None for the on-policy null."""
+    n_resamples: int
     noise_frac_outside_band: float | None
     noise_rms: float | None
     """RMS of ``d0`` (the noise floor), beside ``rms`` of ``d``."""
@@ -95,6 +135,7 @@ class LogprobMismatch(DiagnosticResult):
             "n_catastrophic": float(self.n_catastrophic),
             "p_value": self.p_value,
             "alarm": float(self.alarm),
+            "decided": float(self.decided),
             "n_tokens": float(self.n_tokens),
         }
         out |= {f"ratio_q{q:g}": r for q, r in self.quantiles}
@@ -107,12 +148,21 @@ class LogprobMismatch(DiagnosticResult):
         return out
 
     def summary(self) -> str:
-        verdict = "ALARM" if self.alarm else "ok"
-        test = (
-            f"sign test vs noise floor p={self.p_value:.3g} (z={self.z:.2f})"
-            if self.z is not None
-            else f"on-policy null: {self.n_exceed} token(s) differ"
-        )
+        if not self.decided:
+            verdict = "undecided"
+            test = (
+                f"too few rows to decide ({self.n_rows_informative} rows with a nonzero score; "
+                f"the sign-flip test needs at least {self.min_rows} at alpha={self.alpha:g})"
+            )
+        elif self.z is not None:
+            verdict = "ALARM" if self.alarm else "ok"
+            test = (
+                f"row sign-flip test vs {self.margin:g} x noise floor + {self.atol:g} "
+                f"p={self.p_value:.3g} (z={self.z:.2f})"
+            )
+        else:
+            verdict = "ALARM" if self.alarm else "ok"
+            test = f"on-policy null: {self.n_exceed} token(s) differ"
         lo, hi = self.band
         return (
             f"mismatch {verdict}: k3={self.k3:.3g} tv={self.tv:.3g} "
@@ -141,21 +191,41 @@ def _quantiles(x: torch.Tensor, qs: tuple[float, ...]) -> tuple[tuple[float, flo
     return tuple(out)
 
 
+def _real(name: str, x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ConfigError(f"{name} must be a real number, got {x!r}")
+    return float(x)
+
+
 def _check_options(
-    band: tuple[float, float], catastrophic_ratio: float, quantiles: tuple[float, ...]
-) -> tuple[tuple[float, float], float, tuple[float, ...]]:
+    band: object, catastrophic_ratio: object, quantiles: object, margin: object, atol: object
+) -> tuple[tuple[float, float], float, tuple[float, ...], float, float]:
     if not (isinstance(band, tuple) and len(band) == 2):
         raise ConfigError(f"band must be a (low, high) tuple of ratios, got {band!r}")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in band):
+        raise ConfigError(f"band must be a (low, high) tuple of real ratios, got {band!r}")
     lo, hi = (float(x) for x in band)
-    if not 0.0 < lo < 1.0 < hi:
-        raise ConfigError(f"band must satisfy 0 < low < 1 < high, got {band!r}")
-    c = float(catastrophic_ratio)
+    if not 0.0 < lo < 1.0 < hi or not math.isfinite(hi):
+        raise ConfigError(f"band must satisfy 0 < low < 1 < high < inf, got {band!r}")
+    c = _real("catastrophic_ratio", catastrophic_ratio)
     if not (math.isfinite(c) and c > 1.0):
         raise ConfigError(f"catastrophic_ratio must be a finite ratio > 1, got {c!r}")
+    if not isinstance(quantiles, (tuple, list)) or not all(
+        isinstance(q, (int, float)) and not isinstance(q, bool) for q in quantiles
+    ):
+        raise ConfigError(
+            f"quantiles must be a non-empty tuple of values in [0, 1], got {quantiles!r}"
+        )
     qs = tuple(float(q) for q in quantiles)
     if not qs or any(not 0.0 <= q <= 1.0 for q in qs):
         raise ConfigError(f"quantiles must be a non-empty tuple of values in [0, 1], got {qs}")
-    return (lo, hi), c, qs
+    rho = _real("margin", margin)
+    if not (math.isfinite(rho) and rho >= 1.0):
+        raise ConfigError(f"margin must be a finite factor >= 1 on the noise floor, got {rho!r}")
+    tau = _real("atol", atol)
+    if not (math.isfinite(tau) and tau >= 0.0):
+        raise ConfigError(f"atol must be a finite log-ratio >= 0, got {tau!r}")
+    return (lo, hi), c, qs, rho, tau
 
 
 def logprob_mismatch(
@@ -168,6 +238,10 @@ def logprob_mismatch(
     band: tuple[float, float] = (0.9, 1.1),
     catastrophic_ratio: float = 10.0,
     quantiles: tuple[float, ...] = DEFAULT_QUANTILES,
+    margin: float = 1.1,
+    atol: float = 1e-4,
+    n_resamples: int | None = None,
+    seed: int = 0,
 ) -> LogprobMismatch:
     """Mismatch of rollout logprobs against the trainer's on the sampled tokens.
 
@@ -176,10 +250,15 @@ def logprob_mismatch(
     without it the null is exact on-policy. ``band`` is the ratio band the tail fraction
     is reported for (TRL#6789 reports tokens outside ``[0.9, 1.1]``); tokens with ratio
     outside ``[1/catastrophic_ratio, catastrophic_ratio]`` are listed with positions.
-    ``[B, T]`` tensors, padding ignored, any float dtype (float64 internally).
+    ``margin`` and ``atol`` widen the noise-floor null (module docstring);
+    ``n_resamples`` sign flips (None: ``max(999, ceil(20 / alpha) - 1)``) drawn from
+    ``seed`` (in a run, pass the step number). ``[B, T]`` tensors, padding ignored, any
+    float dtype (float64 internally).
     """
     a = check_alpha(alpha)
-    (lo, hi), c, qs = _check_options(band, catastrophic_ratio, quantiles)
+    (lo, hi), c, qs, rho, tau = _check_options(band, catastrophic_ratio, quantiles, margin, atol)
+    m_flip = check_resamples(n_resamples, a)
+    seed = check_seed(seed)
     tokens: dict[str, object] = {
         "trainer_logprobs": trainer_logprobs,
         "rollout_logprobs": rollout_logprobs,
@@ -211,12 +290,25 @@ def logprob_mismatch(
         worst = tuple((int(idx[i, 0]), int(idx[i, 1]), float(vals[i])) for i in order.tolist())
 
     if rescored_logprobs is not None:
-        d0 = (t["trainer_logprobs"] - t["rescored_logprobs"])[mask]
-        diff = d.abs() - d0.abs()
-        k = int((diff > 0).sum())
-        m = int((diff != 0).sum())
-        p = binomial_half_upper_tail(k, m, device=dev)
-        z: float | None = (2.0 * k - m) / math.sqrt(m) if m else 0.0
+        d0_full = t["trainer_logprobs"] - t["rescored_logprobs"]
+        d0 = d0_full[mask]
+        excess = torch.sign(d_full.abs() - (rho * d0_full.abs() + tau))
+        excess = torch.where(mask, excess, 0.0)
+        k = int((excess > 0).sum())
+        m = int((excess != 0).sum())
+        scores = excess.sum(dim=1)
+        scores = scores[scores != 0]
+        rows_informative = scores.numel()
+        sampler = Resampler(seed, dev)
+        u = sampler.uniform()
+        observed = float(scores.sum())
+        null_stats = [
+            sampler.signs(size, rows_informative) @ scores.abs()
+            for size in sampler.chunks(m_flip, rows_informative)
+        ]
+        p, p_rand = randomization_p(observed, torch.cat(null_stats), u=u)
+        z: float | None = probit(p_rand)
+        decided = can_decide(log_sign_patterns(rows_informative), a)
         null = "noise-floor"
         w0 = torch.exp(d0)
         noise_out: float | None = float(((w0 < lo) | (w0 > hi)).double().mean())
@@ -224,8 +316,11 @@ def logprob_mismatch(
     else:
         k = int((d != 0).sum())
         m = n
+        rows_informative = mask.shape[0]
         p = 0.0 if k else 1.0
         z = None
+        decided = True
+        m_flip = 0
         null = "on-policy"
         noise_out = noise_rms = None
 
@@ -246,11 +341,17 @@ def logprob_mismatch(
         catastrophic=worst,
         null=null,
         alpha=a,
+        margin=rho,
+        atol=tau,
         p_value=p,
-        alarm=p <= a,
+        alarm=decided and p <= a,
+        decided=decided,
+        min_rows=min_sign_rows(a),
         n_informative=m,
         n_exceed=k,
+        n_rows_informative=rows_informative,
         z=z,
+        n_resamples=m_flip,
         noise_frac_outside_band=noise_out,
         noise_rms=noise_rms,
         rms=float(d.square().mean().sqrt()),

@@ -15,31 +15,42 @@ from statistics import NormalDist
 import pytest
 import torch
 
-from polgrad_reference import Aggregation, ClipConfig, PolicyLossConfig, policy_loss
+from polgrad_reference import (
+    Aggregation,
+    ClipConfig,
+    PolicyLossConfig,
+    RatioKind,
+    SurrogateKind,
+    policy_loss,
+)
 from polgrad_reference.diagnostics import clip_report
 from polgrad_reference.errors import ConfigError, InputError, InputTypeError
 
 CONFIGS = {
-    "token": PolicyLossConfig(ratio="token", clip=ClipConfig(eps_low=0.2, eps_high=0.28)),
+    "token": PolicyLossConfig(ratio=RatioKind.TOKEN, clip=ClipConfig(eps_low=0.2, eps_high=0.28)),
     "token-dual": PolicyLossConfig(
-        ratio="token", clip=ClipConfig(eps_low=0.2, eps_high=0.2, dual_clip=1.6)
+        ratio=RatioKind.TOKEN, clip=ClipConfig(eps_low=0.2, eps_high=0.2, dual_clip=1.6)
     ),
-    "sequence": PolicyLossConfig(ratio="sequence", clip=ClipConfig(eps_low=0.1, eps_high=0.1)),
+    "sequence": PolicyLossConfig(
+        ratio=RatioKind.SEQUENCE, clip=ClipConfig(eps_low=0.1, eps_high=0.1)
+    ),
     "sequence-dual": PolicyLossConfig(
-        ratio="sequence", clip=ClipConfig(eps_low=0.1, eps_high=0.1, dual_clip=1.3)
+        ratio=RatioKind.SEQUENCE, clip=ClipConfig(eps_low=0.1, eps_high=0.1, dual_clip=1.3)
     ),
     "sequence_token": PolicyLossConfig(
-        ratio="sequence_token", clip=ClipConfig(eps_low=0.1, eps_high=0.1)
+        ratio=RatioKind.SEQUENCE_TOKEN, clip=ClipConfig(eps_low=0.1, eps_high=0.1)
     ),
     "sequence_token-dual": PolicyLossConfig(
-        ratio="sequence_token",
+        ratio=RatioKind.SEQUENCE_TOKEN,
         clip=ClipConfig(eps_low=0.1, eps_high=0.1, dual_clip=1.3),
         aggregation=Aggregation.SEQ_MEAN_TOKEN_MEAN,
     ),
 }
 
 
-def _batch(seed: int, *, token_adv: bool, b: int = 24, t: int = 12):
+def _batch(
+    seed: int, *, token_adv: bool, b: int = 24, t: int = 12
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     mask = torch.arange(t)[None] < torch.randint(1, t + 1, (b, 1), generator=g)
     lp = -2.0 * torch.rand((b, t), generator=g, dtype=torch.float64)
@@ -52,11 +63,18 @@ def _batch(seed: int, *, token_adv: bool, b: int = 24, t: int = 12):
     return lp, old, adv, mask
 
 
-def _autograd_zero_set(cfg: PolicyLossConfig, lp, old, adv, mask) -> torch.Tensor:
+def _autograd_zero_set(
+    cfg: PolicyLossConfig,
+    lp: torch.Tensor,
+    old: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
     x = lp.clone().requires_grad_(True)
     out = policy_loss(cfg, logprobs=x, old_logprobs=old, advantages=adv, response_mask=mask)
     (grad,) = torch.autograd.grad(out.loss, x)
-    return mask & (grad == 0)
+    zero: torch.Tensor = mask & (grad == 0)
+    return zero
 
 
 @pytest.mark.parametrize("token_adv", [False, True], ids=["adv[B]", "adv[B,T]"])
@@ -85,12 +103,12 @@ def test_sequence_ratio_kills_whole_rows() -> None:
 
 
 def test_the_boundary_itself_is_not_killed() -> None:
-    # r exactly 1 + eps_high: the gradient is still non-zero (open region)
-    x = math.log(1.25)
-    while math.exp(x) != 1.25:  # pragma: no cover - depends on libm rounding
-        x = math.nextafter(x, 1.0 if math.exp(x) < 1.25 else 0.0)
+    # r exactly 1 + eps_high: the gradient is still non-zero (open region); log-probs <= 0
+    x = math.log(1.25) - 1.0
+    while math.exp(x - -1.0) != 1.25:  # pragma: no cover - depends on libm rounding
+        x = math.nextafter(x, 1.0 if math.exp(x - -1.0) < 1.25 else -2.0)
     cfg = PolicyLossConfig(clip=ClipConfig(eps_low=0.2, eps_high=0.25))
-    old = torch.zeros((1, 2), dtype=torch.float64)
+    old = torch.full((1, 2), -1.0, dtype=torch.float64)
     lp = torch.tensor([[x, x + 1e-3]], dtype=torch.float64)
     adv = torch.ones(1, dtype=torch.float64)
     mask = torch.ones((1, 2), dtype=torch.bool)
@@ -101,7 +119,9 @@ def test_the_boundary_itself_is_not_killed() -> None:
 
 @pytest.mark.parametrize("surrogate", ["cispo", "pg", "reinforce"])
 def test_surrogates_without_a_gradient_killing_clip_kill_nothing(surrogate: str) -> None:
-    cfg = PolicyLossConfig(surrogate=surrogate, clip=ClipConfig(eps_low=0.2, eps_high=0.2))
+    cfg = PolicyLossConfig(
+        surrogate=SurrogateKind(surrogate), clip=ClipConfig(eps_low=0.2, eps_high=0.2)
+    )
     lp, old, adv, mask = _batch(12, token_adv=False)
     rep = clip_report(cfg, logprobs=lp, old_logprobs=old, advantages=adv, response_mask=mask)
     assert not bool(rep.killed.any()) and rep.frac_killed == 0.0

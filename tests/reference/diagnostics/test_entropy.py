@@ -13,17 +13,21 @@ import pytest
 import torch
 
 from polgrad_reference.diagnostics import entropy_from_logits, entropy_from_logprobs
-from polgrad_reference.errors import InputError, InputTypeError
+from polgrad_reference.errors import ConfigError, InputError, InputTypeError
 
 
-def _policy(seed: int, b: int = 32, t: int = 16, v: int = 12):
+def _policy(
+    seed: int, b: int = 32, t: int = 16, v: int = 12
+) -> tuple[torch.Tensor, torch.Tensor, torch.Generator]:
     g = torch.Generator().manual_seed(seed)
     mask = torch.arange(t)[None] < torch.randint(1, t + 1, (b, 1), generator=g)
     logits = 1.5 * torch.randn((b, t, v), generator=g, dtype=torch.float64)
     return logits, mask, g
 
 
-def _sample_logprobs(logits: torch.Tensor, g: torch.Generator, sample_logits=None) -> torch.Tensor:
+def _sample_logprobs(
+    logits: torch.Tensor, g: torch.Generator, sample_logits: torch.Tensor | None = None
+) -> torch.Tensor:
     src = logits if sample_logits is None else sample_logits
     b, t, v = src.shape
     probs = torch.softmax(src, dim=-1).reshape(-1, v)
@@ -120,3 +124,31 @@ def test_bad_inputs_are_named() -> None:
         entropy_from_logits(logits=logits[:, :-1], response_mask=mask)
     with pytest.raises(InputTypeError, match="logits must have a floating-point dtype"):
         entropy_from_logits(logits=logits.long(), response_mask=mask)
+
+
+@pytest.mark.parametrize("b", [2, 4])
+def test_student_t_interval_covers_at_small_batches(b: int) -> None:
+    """1.96 stderr covers 0.68 (B = 2) and 0.85 (B = 4); the t_{B-1} interval 0.95."""
+    reps, inside, normal = 400, 0, 0
+    for seed in range(reps):
+        logits, mask, g = _policy(seed, b=b)
+        exact = entropy_from_logits(logits=logits, response_mask=mask).mean
+        est = entropy_from_logprobs(logprobs=_sample_logprobs(logits, g), response_mask=mask)
+        lo, hi = est.interval(0.95)
+        inside += lo <= exact <= hi
+        normal += abs(est.mean - exact) <= 1.96 * est.stderr
+    tol = 3 * math.sqrt(0.95 * 0.05 / reps)
+    assert abs(inside / reps - 0.95) <= tol, inside / reps
+    assert normal / reps < 0.95 - tol  # why the t quantile
+
+
+def test_interval_needs_two_rows_and_a_level() -> None:
+    logits, mask, _ = _policy(1, b=1)
+    est = entropy_from_logits(logits=logits, response_mask=mask)
+    with pytest.raises(InputError, match="too few rows to decide: an entropy interval needs"):
+        est.interval()
+    two = entropy_from_logits(logits=_policy(1, b=2)[0], response_mask=_policy(1, b=2)[1])
+    lo, hi = two.interval(0.9)
+    assert lo < two.mean < hi
+    with pytest.raises(ConfigError, match="level must be a confidence level"):
+        two.interval(95)

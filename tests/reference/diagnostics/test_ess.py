@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from polgrad_reference.diagnostics import importance_ess, lognormal_ess
-from polgrad_reference.errors import InputError, InputTypeError
+from polgrad_reference.errors import ConfigError, InputError, InputTypeError
 
 
 def _batch(seed: int, b: int = 16, t: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,3 +145,42 @@ def test_bad_inputs_are_named() -> None:
         importance_ess(trainer_logprobs=bad, rollout_logprobs=lp, response_mask=mask)
     with pytest.raises(InputTypeError, match="tensors must be on one device"):
         importance_ess(trainer_logprobs=lp, rollout_logprobs=lp.to("meta"), response_mask=mask)
+
+
+def test_log_weight_std_is_the_population_std() -> None:
+    """sd of the token log-weights without Bessel's correction: for log-weights (0, 2) it
+    is 1 (Bessel's would give sqrt 2); the lognormal null's sigma is the population one."""
+    mask = torch.tensor([[True, True, False]])
+    ro = torch.full((1, 3), -1.0, dtype=torch.float64)
+    tr = ro + torch.tensor([[0.0, 2.0, 7.0]], dtype=torch.float64)  # 7.0 is padding
+    out = importance_ess(trainer_logprobs=tr, rollout_logprobs=ro, response_mask=mask)
+    assert out.log_weight_std == 1.0 and out.log_weight_mean == 1.0
+    assert out.max_abs_log_weight == 2.0
+
+
+def test_finite_n_ess_is_biased_upwards_at_large_drift() -> None:
+    """Documented limitation (docs/diagnostics.md, "ESS"): at n = 16,384 the mean ESS/n
+    sits above exp(-sigma^2) by more than a third at sigma = 2 (measured +61%) while it
+    is unbiased within 2% at sigma = 0.5."""
+    g = torch.Generator().manual_seed(8)
+    mask = torch.ones((128, 128), dtype=torch.bool)
+    ro = torch.zeros((128, 128), dtype=torch.float64)
+    for sigma, low, high in ((0.5, 0.98, 1.02), (2.0, 1.35, math.inf)):
+        values = [
+            importance_ess(
+                trainer_logprobs=sigma * torch.randn((128, 128), generator=g, dtype=torch.float64),
+                rollout_logprobs=ro,
+                response_mask=mask,
+            ).token
+            for _ in range(8)
+        ]
+        ratio = sum(values) / len(values) / lognormal_ess(sigma)
+        assert low < ratio < high, (sigma, ratio)
+
+
+def test_lognormal_ess_rejects_a_sigma_that_is_not_a_standard_deviation() -> None:
+    """issue 28: lognormal_ess(nan) returned NaN and lognormal_ess(-1) a number."""
+    assert lognormal_ess(0) == 1.0 and lognormal_ess(1.0) == math.exp(-1.0)
+    for bad in (math.nan, -1.0, math.inf, "1", True):
+        with pytest.raises(ConfigError, match="sigma must be a"):
+            lognormal_ess(bad)  # type: ignore[arg-type]

@@ -9,12 +9,19 @@ found within 2 (h + 1.166) / (2 - k) steps.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
-from polgrad_reference.diagnostics import MonitoredStatistic, RunMonitor, cusum_paths
+from polgrad_reference.diagnostics import (
+    Alarm,
+    MonitoredStatistic,
+    RunMonitor,
+    cusum_paths,
+    cusum_threshold,
+)
 from polgrad_reference.errors import ConfigError, InputError
 
 HORIZON = 10_000
@@ -71,6 +78,67 @@ def test_a_two_sigma_shift_is_found_within_the_stated_delay() -> None:
     assert int(found.sum()) >= 0.99 * (runs - int(early.sum())), (window, first.tolist()[:10])
 
 
+def test_a_sustained_shift_re_alarms_spaced_after_each_restart() -> None:
+    """After an alarm the side restarts at 0: under a sustained shift z = 3 it fires
+    every ceil(h / (3 - k)) steps, not at every step once S has crossed h."""
+    mon = RunMonitor(["z"], horizon=200, alpha=0.01)
+    gap = math.ceil(mon.threshold / (3.0 - mon.drift))
+    steps = [a.step for _ in range(200) for a in mon.update({"z": 3.0})]
+    assert steps[0] == gap - 1 and len(steps) == 200 // gap
+    assert all(b - a == gap for a, b in itertools.pairwise(steps)), steps[:5]
+    assert all(a.cusum > mon.threshold for a in mon.report().alarms)
+
+
+def test_arl0_approximation_matches_simulated_run_length() -> None:
+    """Siegmund: ARL0 ~ (exp(2kb) - 2kb - 1) / (2k^2), b = h + 1.166; at h = log 40 it is
+    about 245 steps (without the 1.166 it would be about 71); simulated within 15%."""
+    mon = RunMonitor(["z"], horizon=20, alpha=0.5)  # h = log(20 / 0.5) / (2 k)
+    b = 2 * mon.drift * (mon.threshold + 1.166)
+    assert mon.arl0_approx == pytest.approx((math.exp(b) - b - 1) / (2 * mon.drift**2))
+    assert mon.arl0_approx == pytest.approx(245.0, abs=1.0)
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn((400, 4000), generator=g, dtype=torch.float64)
+    first = _first_alarm(cusum_paths(z, drift=mon.drift), mon.threshold)
+    assert bool((first >= 0).all())
+    arl = float(first.double().mean()) + 1.0
+    assert abs(arl / mon.arl0_approx - 1.0) < 0.15, (arl, mon.arl0_approx)
+
+
+def _t5_cdf(x: torch.Tensor) -> torch.Tensor:
+    """P(T_5 <= x) (Abramowitz & Stegun 26.7.3)."""
+    theta = torch.atan(x / math.sqrt(5.0))
+    c = torch.cos(theta)
+    a = 2 / math.pi * (theta + torch.sin(theta) * (c + 2.0 / 3.0 * c**3))
+    return 0.5 * (1.0 + a)
+
+
+def test_heavy_tailed_statistics_break_the_bound_as_z_and_keep_it_as_p_values() -> None:
+    """Unit-variance t_5 steps standardised as z's are not sub-Gaussian and alarm well
+    above alpha; the same steps fed as their exact p-values (kind="p_value") keep it."""
+    alpha, runs, steps = 0.05, 2000, 2000
+    g = torch.Generator().manual_seed(4)
+    normal = torch.randn((6, runs, steps), generator=g, dtype=torch.float64)
+    t5 = normal[0] / torch.sqrt(normal[1:].square().mean(dim=0))  # Student t, 5 dof
+    as_z = RunMonitor(["t"], horizon=steps, alpha=alpha)
+    rate_z = float(
+        (_first_alarm(cusum_paths(t5 / math.sqrt(5 / 3), drift=0.5), as_z.threshold) >= 0)
+        .double()
+        .mean()
+    )
+    p = 1.0 - _t5_cdf(t5)
+    mon = RunMonitor([MonitoredStatistic("p", kind="p_value")], horizon=steps, alpha=alpha)
+    z = -torch.special.ndtri(p)  # the monitor's own conversion, vectorised
+    for x in p[0, :50].tolist():
+        mon.update({"p": x})
+    rate_p = float((_first_alarm(cusum_paths(z, drift=0.5), mon.threshold) >= 0).double().mean())
+    tol = 3 * math.sqrt(alpha * (1 - alpha) / runs)
+    assert rate_z > alpha + tol, rate_z
+    assert rate_p <= alpha + tol, rate_p
+    # the monitor's recursion on p-values equals the vectorised paths on their probits
+    paths = cusum_paths(z[0, :50], drift=0.5)
+    assert mon.report().cusum[0][2] == pytest.approx(float(paths[-1]), abs=1e-9)
+
+
 def test_threshold_follows_the_union_bound_and_is_split_over_sides() -> None:
     one = RunMonitor(["a"], horizon=1000, alpha=0.01)
     assert one.threshold == pytest.approx(math.log(1000 / 0.01) / (2 * 0.5))
@@ -85,7 +153,7 @@ def test_standardisation_sides_report_and_metrics() -> None:
         horizon=50,
         alpha=0.01,
     )
-    alarms = ()
+    alarms: tuple[Alarm, ...] = ()
     for _ in range(10):
         raised = mon.update({"ess": torch.tensor(0.9, dtype=torch.bfloat16), "cov": 0.0})
         alarms = alarms or raised
@@ -115,6 +183,27 @@ def test_bad_inputs_and_configs_are_named() -> None:
         MonitoredStatistic("a", std=0.0)
     with pytest.raises(ConfigError, match="direction must be one of"):
         MonitoredStatistic("a", direction="left")
+    with pytest.raises(ConfigError, match="kind must be one of"):
+        MonitoredStatistic("a", kind="e_value")
+    with pytest.raises(ConfigError, match="'up' side only"):
+        MonitoredStatistic("a", kind="p_value", direction="both")
+    # issue 28: an infinite drift was accepted and never alarmed
+    for drift in (math.inf, math.nan, 0.0, "0.5"):
+        with pytest.raises(ConfigError, match="drift must be a finite real number > 0"):
+            RunMonitor(["a"], horizon=10, drift=drift)  # type: ignore[arg-type]
+    # issue 28: cusum_threshold(alpha=2) returned a threshold, horizon=0 a math domain error
+    with pytest.raises(ConfigError, match="alpha must lie in"):
+        cusum_threshold(horizon=100, sides=1, alpha=2.0, drift=0.5)
+    with pytest.raises(ConfigError, match="horizon must be a positive integer"):
+        cusum_threshold(horizon=0, sides=1, alpha=0.05, drift=0.5)
+    with pytest.raises(ConfigError, match="sides must be a positive integer"):
+        cusum_threshold(horizon=10, sides=0, alpha=0.05, drift=0.5)
+    with pytest.raises(ConfigError, match="drift must be a finite real number > 0"):
+        cusum_threshold(horizon=10, sides=1, alpha=0.05, drift=math.inf)
+    pmon = RunMonitor([MonitoredStatistic("p", kind="p_value")], horizon=3)
+    with pytest.raises(InputError, match=r"values\['p'\] must be a p-value in \(0, 1\]"):
+        pmon.update({"p": 0.0})
+    assert pmon.update({"p": 1.0}) == () and pmon.report().cusum[0][2] == 0.0
     mon = RunMonitor(["a"], horizon=2)
     with pytest.raises(InputError, match=r"missing \['a'\], unexpected \['b'\]"):
         mon.update({"b": 0.0})

@@ -1,10 +1,11 @@
 """Permutation changepoint test (docs/diagnostics.md, "Changepoint").
 
-Level: under an exchangeable series P(p <= alpha) <= floor(alpha (M + 1)) / (M + 1), with
-equality up to ties; the Monte Carlo rejection rate over R null series is within that
-level +- 3 binomial standard errors (valid, and not a dead alarm), for Gaussian and
-heavy-tailed (Cauchy) steps alike. Power: a drop of one
-standard deviation at the middle of a 100-step series.
+Level: under an exchangeable series (dependence="exchangeable") P(p <= alpha) <=
+floor(alpha (M + 1)) / (M + 1), with equality up to ties; the Monte Carlo rejection rate
+over R null series is within that level +- 3 binomial standard errors (valid, and not a
+dead alarm), for Gaussian and heavy-tailed (Cauchy) steps alike. The default prewhitens
+AR(1) dependence: AR(1) series with phi = 0.5 and no change stay within the level.
+Power: a drop of one standard deviation at the middle of a 100-step series.
 """
 
 from __future__ import annotations
@@ -29,12 +30,44 @@ def test_level_is_exact_under_exchangeability(law: str, m: int) -> None:
         x = torch.randn(n, generator=g, dtype=torch.float64)
         if law == "cauchy":
             x = torch.tan(math.pi * (torch.rand(n, generator=g, dtype=torch.float64) - 0.5))
-        out = entropy_trend(x, alpha=alpha, n_permutations=m, seed=i)
+        out = entropy_trend(x, alpha=alpha, n_permutations=m, seed=i, dependence="exchangeable")
         rejected += out.alarm
     level = math.floor(alpha * (m + 1)) / (m + 1)
     assert out.level == level
     rate = rejected / reps
     assert abs(rate - level) <= 3 * math.sqrt(level * (1 - level) / reps), (rate, level)
+
+
+def _ar1(g: torch.Generator, n: int, phi: float) -> torch.Tensor:
+    e = torch.randn(n + 50, generator=g, dtype=torch.float64)
+    x = torch.zeros(n + 50, dtype=torch.float64)
+    for t in range(1, n + 50):
+        x[t] = phi * x[t - 1] + e[t]
+    return x[50:]
+
+
+@pytest.mark.parametrize("n", [30, 100])
+def test_ar1_series_without_a_change_keep_the_level(n: int) -> None:
+    """AR(1) with phi = 0.5 and no change: the exchangeable test rejects far above 0.05
+    (0.16-0.69 in the audit); the prewhitened one stays within the level."""
+    g = torch.Generator().manual_seed(7)
+    reps, rejected, naive = 400, 0, 0
+    for i in range(reps):
+        x = _ar1(g, n, 0.5)
+        out = entropy_trend(x, n_permutations=99, seed=i)
+        assert out.dependence == "ar1" and 0.0 <= out.phi <= 0.95 and out.decided
+        rejected += out.alarm
+        if i < 100:
+            naive += entropy_trend(x, n_permutations=99, seed=i, dependence="exchangeable").alarm
+    assert rejected / reps <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / reps), rejected / reps
+    assert naive / 100 > 0.12  # the exchangeable null does not hold here
+
+
+def test_too_few_steps_to_decide_instead_of_alarming() -> None:
+    out = entropy_trend([5.0, 4.0, 3.0, 2.0, 1.0])  # a clean drop, but 4! < 2 / 0.05
+    assert not out.decided and not out.alarm and out.min_steps == 6
+    assert "too few steps to decide" in out.summary()
+    assert entropy_trend([6.0, 5.0, 4.0, 3.0, 2.0, 1.0], dependence="exchangeable").decided
 
 
 def test_a_drop_at_the_middle_is_found_and_located() -> None:
@@ -82,6 +115,8 @@ def test_bad_inputs_are_named() -> None:
         entropy_trend(["a", "b", "c"])  # type: ignore[list-item]
     with pytest.raises(ConfigError, match="direction must be one of"):
         entropy_trend([1.0, 2.0, 3.0], direction="down")
+    with pytest.raises(ConfigError, match="dependence must be one of"):
+        entropy_trend([1.0, 2.0, 3.0], dependence="block")
     with pytest.raises(ConfigError, match="n_permutations must be >= 1"):
         entropy_trend([1.0, 2.0, 3.0], n_permutations=0)
     with pytest.raises(ConfigError, match="alpha must lie in"):
