@@ -58,7 +58,7 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP)
 	$(PY) tools/generate_docs.py --check
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Mutation testing by hand (never in CI): cosmic-ray over tools/mutate.toml's modules, each
 # in its own copy of the tree (build/mutate/), with a targeted test command per module.
