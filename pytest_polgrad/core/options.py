@@ -15,10 +15,12 @@ from pytest_polgrad.core.kinds import KINDS
 __all__ = [
     "ADVANTAGE_SHAPES",
     "CHECK_NAMES",
+    "DISTRIBUTED",
     "DTYPES",
     "LAYOUTS",
     "MAX_TOLERANCE",
     "PROFILES",
+    "WORLD_SIZES",
     "ConformanceOptions",
     "MarkerError",
     "did_you_mean",
@@ -52,6 +54,10 @@ MAX_TOLERANCE = 1e6
 """Largest ``tolerance=`` multiplier: beyond it a check could no longer tell a loss from a
 loss several times larger (the default tolerance is already a few hundred ulps)."""
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+DISTRIBUTED = ("ddp", "fsdp")
+"""``distributed=`` wraps of the training-step kind's real process group (None: simulated)."""
+WORLD_SIZES = (2, 4)
+"""``world_size=`` of the real process group (one pool of rank processes per size)."""
 
 # Loss/clip fields accepted directly on the marker and forwarded to AlgorithmSpec.derive.
 _OVERRIDE_KEYS = frozenset(
@@ -111,7 +117,9 @@ class ConformanceOptions:
     bounds); ``kind``
     names the kind of target (``pytest_polgrad.core.kinds.KINDS``); ``holes`` draws masks
     with holes inside a response (multi-turn); ``device`` runs the function on ``"cpu"``
-    or ``"cuda"``/``"cuda:N"`` tensors (the oracle stays on CPU in float64).
+    or ``"cuda"``/``"cuda:N"`` tensors (the oracle stays on CPU in float64);
+    ``distributed`` (``"ddp"`` / ``"fsdp"``, training-step kind only) runs the step's
+    multi-rank splits on a real process group of ``world_size`` (2 or 4) ranks.
 
     Check names in ``expect``/``checks`` are validated here for the policy-loss kind;
     for other kinds the plugin validates them at collection against the kind's checks.
@@ -137,6 +145,8 @@ class ConformanceOptions:
     kind: str = "policy_loss"
     holes: bool = False
     device: str = "cpu"
+    distributed: str | None = None
+    world_size: int = 2
     expect_bounds: Mapping[str, float] = dataclasses.field(
         default_factory=dict, init=False, compare=False
     )
@@ -157,6 +167,24 @@ class ConformanceOptions:
             )
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.distributed is not None:
+            _one_of("distributed", self.distributed, DISTRIBUTED)
+            if self.kind != "training_step":
+                raise MarkerError(
+                    f"distributed={self.distributed!r} applies to kind='training_step' only, "
+                    f"got kind={self.kind!r}"
+                )
+        ws = self.world_size
+        if isinstance(ws, bool) or ws not in WORLD_SIZES:
+            raise MarkerError(
+                f"world_size must be one of {', '.join(map(str, WORLD_SIZES))} (the real "
+                f"process group's ranks), got {ws!r}"
+            )
+        if ws != 2 and self.distributed is None:
+            raise MarkerError(
+                f"world_size={ws} needs distributed='ddp' or 'fsdp' (the simulated step "
+                "draws its own world sizes)"
+            )
         _one_of("advantages", self.advantages, ADVANTAGE_SHAPES)
         _one_of("layout", self.layout, LAYOUTS)
         _one_of("dtype", self.dtype, DTYPES)
