@@ -114,6 +114,7 @@ ONE_WORKER = frozenset(
         "tests/faces/test_script_snippets.py",
         "tests/faces/test_snippets_run.py",
         "tests/kinds/training_step/test_distributed_runner.py",
+        "tests/kinds/training_step/test_distributed_kind.py",
     }
 )
 """The modules with a module-scoped fixture, each costly (a snippet interpreter, a script

@@ -35,7 +35,7 @@ from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 from pytest_polgrad.core.calls import Verdict, _pick_loss
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
-from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import (
     check_lines,
@@ -60,6 +60,7 @@ from pytest_polgrad.kinds._tokens import (
     tolerance_for,
 )
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
+from pytest_polgrad.kinds.training_step.execute import fold, on_process_group, run_distributed
 from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._sample import composite
 from pytest_polgrad.strategies._snippet import snippet as tensor_snippet
@@ -103,6 +104,9 @@ class StepInputs:
 @dataclasses.dataclass
 class StepContext(TokenContext):
     oracle: Oracle | None = None
+    wrap: str | None = None
+    """``distributed=``: multi-rank splits run on a real ``ddp`` / ``fsdp`` process group."""
+    world: int = 2
 
     @property
     def policy(self) -> PolicyLossConfig:
@@ -191,6 +195,14 @@ def accumulate(
     return Accumulated(total, grad, tuple(changed))
 
 
+def execute(ctx: StepContext, inputs: Mapping[str, Any], *, snapshot: bool = False) -> Any:
+    """The step as the checks see it: :func:`accumulate`, or on a real process group for a
+    multi-rank split under ``distributed=`` (same fields: ``loss``, ``grad``, ``changed``)."""
+    if ctx.wrap is not None and on_process_group(ctx.wrap, inputs["split"]):
+        return run_distributed(ctx, inputs, wrap=ctx.wrap, snapshot=snapshot)
+    return accumulate(ctx, inputs, snapshot=snapshot)
+
+
 # ------------------------------------------------------------------------------ checks
 
 
@@ -215,7 +227,7 @@ def _family_check(family: str) -> Callable[[StepContext, Mapping[str, Any]], flo
 def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     """Accumulated gradient (per token) and loss equal the full-batch reference's."""
     split: Split = inputs["split"]
-    acc = accumulate(ctx, inputs)
+    acc = execute(ctx, inputs)
     ref = _expected(ctx, inputs)
     mask = inputs["response_mask"]
     context = f" with the split {split.describe()}"
@@ -235,7 +247,7 @@ def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
 
 
 def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    acc = accumulate(ctx, inputs)
+    acc = execute(ctx, inputs)
     bad = ~inputs["response_mask"] & (acc.grad != 0)
     if bool(bad.any()):
         pos = [tuple(p) for p in bad.nonzero()[:4].tolist()]
@@ -250,7 +262,7 @@ def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float
 def check_padding_values(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     """Only the values at padding change (to NaN with ``padding_nan``): nothing else does."""
     mask = inputs["response_mask"]
-    first = accumulate(ctx, inputs)
+    first = execute(ctx, inputs)
     fill = math.nan if ctx.options.padding_nan else -11.5
     other = {
         k: torch.where(mask, v, torch.full_like(v, fill))
@@ -258,7 +270,7 @@ def check_padding_values(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
         else v
         for k, v in inputs.items()
     }
-    second = accumulate(ctx, other)
+    second = execute(ctx, other)
     ref = _expected(ctx, inputs)
     what = " when only the values at padding change" + (
         " (to NaN)" if ctx.options.padding_nan else ""
@@ -273,7 +285,7 @@ def check_padding_values(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
 
 
 def check_inputs_unchanged(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    acc = accumulate(ctx, inputs, snapshot=True)
+    acc = execute(ctx, inputs, snapshot=True)
     if acc.changed:
         raise CheckFailure(
             f"the function modified its inputs in place: {'; '.join(acc.changed[:4])}"
@@ -282,7 +294,7 @@ def check_inputs_unchanged(ctx: StepContext, inputs: Mapping[str, Any]) -> float
 
 
 def check_deterministic(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    a, b = accumulate(ctx, inputs), accumulate(ctx, inputs)
+    a, b = execute(ctx, inputs), execute(ctx, inputs)
     same_loss = (a.loss == b.loss) or (math.isnan(a.loss) and math.isnan(b.loss))
     if not same_loss or not bool(bitwise_equal(a.grad, b.grad).all()):
         raise CheckFailure(
@@ -337,7 +349,7 @@ def _corpus_splits() -> dict[str, tuple[str, Split]]:
 # ------------------------------------------------------------------------------ kind
 
 
-class TrainingStepKind:
+class TrainingStepKind(Kind):
     """See the module docstring."""
 
     name = "training_step"
@@ -383,7 +395,8 @@ class TrainingStepKind:
                       "ref_logprobs")  # fmt: skip
         return StepContext(
             fn=fn, name=name, options=options, config=cfg, tolerance=tolerance_for(options),
-            takes=takes, notes=notes, oracle=Oracle(cfg),
+            takes=takes, notes=notes, oracle=Oracle(cfg), wrap=options.distributed,
+            world=options.world_size,
         )  # fmt: skip
 
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[StepInputs]:
@@ -407,7 +420,10 @@ class TrainingStepKind:
             batch = draw(drawn)
             tensors = batch.as_kwargs()
             lengths = tensors["response_mask"].sum(dim=1).tolist()
-            return StepInputs(tensors, draw(splits(lengths, family=family)))
+            if ctx.wrap is None:
+                return StepInputs(tensors, draw(splits(lengths, family=family)))
+            drawn_split = draw(splits(lengths, family=family, max_ranks=ctx.world))
+            return StepInputs(tensors, fold(drawn_split, ctx.world))
 
         return composite(_steps)
 
@@ -415,7 +431,9 @@ class TrainingStepKind:
         """Checks of one split family share drawn steps (across functions, too)."""
         o, cfg = ctx.options, ctx.policy
         return (check.domain, o.dtype, o.advantages, o.max_batch, o.max_length, o.padding_nan,
-                cfg.clip, cfg.kl_in_loss, cfg.is_correction is not None)  # fmt: skip
+                cfg.clip, cfg.kl_in_loss, cfg.is_correction is not None) + (
+            () if ctx.wrap is None else ("distributed", ctx.world)
+        )  # fmt: skip
 
     def corpus(self, ctx: Any) -> dict[str, StepInputs]:
         batches_ = canonical_corpus(
@@ -570,7 +588,7 @@ def diagnose_step(ctx: StepContext, inputs: StepInputs | None) -> Diagnosis:
     factor_text = ""
     for label, inp in cases.items():
         try:
-            acc = accumulate(ctx, inp.as_kwargs())
+            acc = execute(ctx, inp.as_kwargs())
         except Verdict as exc:
             return Diagnosis(f"no diagnosis: on {label!r}: {exc}", "")
         ref = _expected(ctx, inp.as_kwargs())

@@ -220,3 +220,60 @@ def modifies_advantages(
                              world_size)  # fmt: skip
     advantages.mul_(2.0)
     return loss
+
+
+# ------------------------------------------- other aggregations (kind-level tests)
+
+GRPO = get_algorithm("grpo").loss.replace(kl=None)
+BUDGET = 64
+"""The constant of the token-sum-norm steps (Dr.GRPO's generation budget, marker budget=64)."""
+
+
+def _surrogate(cfg: object, logprobs: T, old_logprobs: T, advantages: T, response_mask: T) -> T:
+    out = policy_loss(
+        cfg.replace(aggregation="token-sum", budget=None),  # type: ignore[attr-defined]
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+    )
+    return torch.where(response_mask, out.token_loss, 0.0)
+
+
+def seq_mean_token_mean(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_rows: int,
+    world_size: int,
+) -> torch.Tensor:  # fmt: skip
+    """GRPO (arXiv:2402.03300 Eq. 3): each row's token mean, averaged over the step's rows,
+    times the world size."""
+    tok = _surrogate(GRPO, logprobs, old_logprobs, advantages, response_mask)
+    return (tok.sum(dim=1) / response_mask.sum(dim=1)).sum() / global_rows * world_size
+
+
+def seq_mean_token_sum_norm(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_rows: int,
+    world_size: int,
+) -> torch.Tensor:  # fmt: skip
+    """verl's seq-mean-token-sum-norm: each row's token sum over the constant budget,
+    averaged over the step's rows, times the world size (verl PRs #4510 / #5366)."""
+    tok = _surrogate(DAPO, logprobs, old_logprobs, advantages, response_mask)
+    return (tok.sum(dim=1) / BUDGET).sum() / global_rows * world_size
+
+
+def dr_grpo_constant(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_rows: int,
+    world_size: int,
+) -> torch.Tensor:  # fmt: skip
+    """Dr.GRPO (arXiv:2503.20783 Sec. 3.1): the token sum over the constant rows x budget."""
+    tok = _surrogate(GRPO, logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / (global_rows * BUDGET) * world_size
+
+
+def bug_sample_weighted(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, micro_batch_rows: int,
+    micro_batch_tokens: int, rank_rows: int,
+) -> torch.Tensor:  # fmt: skip
+    """verl #5625: each micro-batch's token mean weighted by its share of the rank's
+    samples (not tokens)."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    return tok.sum() / micro_batch_tokens * (micro_batch_rows / rank_rows)

@@ -1,0 +1,115 @@
+"""kind="training_step" with distributed="ddp"/"fsdp": the split checks on a real process group.
+
+The multi-rank splits of the checks run on gloo ranks (:mod:`.distributed`), the reducer of
+DDP / FSDP2 doing the averaging; the known scaling bugs are flagged there and named. One
+module-scoped pool per world size (module on one xdist worker: ``ONE_WORKER``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from pytest_polgrad.core.engine import CheckResult, build_context, run_check
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.kinds.training_step import distributed as D
+from pytest_polgrad.kinds.training_step.execute import fold
+from pytest_polgrad.strategies import Split
+from tests.kinds.training_step import distributed_steps as S
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_pools() -> Iterator[None]:
+    yield
+    D.shutdown()
+    assert D.pools() == []
+
+
+def _run(fn, reference: str, check: str = "data-parallel", examples: int = 4,
+         **options) -> CheckResult:  # type: ignore[no-untyped-def]  # fmt: skip
+    opts = ConformanceOptions(reference, kind="training_step", **options)
+    return run_check(build_context(fn, opts), check, max_examples=examples, base_seed=0)
+
+
+CORRECT = [
+    (S.token_mean_global, "dapo", {}),
+    (S.seq_mean_token_mean, "grpo", {}),
+    (S.seq_mean_token_sum_norm, "dapo", {"aggregation": "token-sum-norm", "budget": S.BUDGET}),
+    (S.dr_grpo_constant, "dr_grpo", {"budget": S.BUDGET}),
+]
+DTYPES = [  # float64; computed in float32 inside; from bfloat16 inputs
+    (None, "float64"),
+    (S.token_mean_float32_inside, "float32"),
+    (None, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize(("wrap", "world"), [("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)])
+def test_correct_steps_pass_on_the_real_group(wrap: str, world: int) -> None:
+    for fn, reference, overrides in CORRECT:
+        for replacement, dtype in DTYPES:
+            step = replacement if replacement is not None and fn is S.token_mean_global else fn
+            result = _run(step, reference, distributed=wrap, world_size=world, dtype=dtype,
+                          overrides=overrides)  # fmt: skip
+            assert result.passed, (step.__name__, dtype, result.report)
+
+
+MUTANTS = [  # (step, what the diagnosis names)
+    (S.bug_rank_tokens, "normalised per rank by the rank's own counts (no all-reduce"),
+    (S.bug_mean_of_means, "the mean of micro-batch means"),
+    (S.bug_accumulation_twice, "divided by the accumulation steps twice"),
+    (S.bug_sample_weighted, "weighted by sample counts, not token counts"),
+    (S.bug_no_world_size, "without the world-size factor"),
+]
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+@pytest.mark.parametrize(("fn", "named"), MUTANTS, ids=[m[0].__name__ for m in MUTANTS])
+def test_a_scaling_bug_is_flagged_on_the_real_group_and_named(fn, named, wrap) -> None:  # type: ignore[no-untyped-def]
+    result = _run(fn, "dapo", distributed=wrap)
+    assert not result.passed
+    assert "2 rank(s)" in result.message, result.message
+    assert named in result.diagnosis, result.diagnosis
+
+
+def test_a_step_that_all_reduces_its_own_count_runs_as_written() -> None:
+    """verl / prime-rl / OpenRLHF all-reduce the token count inside the step: it passes on
+    the real group and cannot run in the simulated one (no process group there), which
+    also shows the data-parallel check ran on the real group."""
+    assert _run(S.token_mean_all_reduced, "dapo", distributed="ddp").passed
+    simulated = _run(S.token_mean_all_reduced, "dapo")
+    assert not simulated.passed and "process group" in simulated.message, simulated.message
+
+
+def test_a_rank_fault_is_a_verdict_naming_the_rank() -> None:
+    result = _run(S.raises_on_rank_1, "dapo", distributed="ddp")
+    assert not result.passed
+    assert "real ddp process group" in result.message and "rank 1" in result.message
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"distributed": "dpp", "kind": "training_step"}, "did you mean 'ddp'"),
+        ({"distributed": "ddp"}, "kind='training_step' only"),
+        ({"distributed": "ddp", "kind": "training_step", "world_size": 3}, "world_size"),
+        ({"kind": "training_step", "world_size": 4}, "needs distributed="),
+    ],
+)
+def test_bad_distributed_options_are_named(options, named) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(MarkerError, match=r"distributed|world_size") as info:
+        ConformanceOptions("dapo", **options)
+    assert named in str(info.value)
+
+
+def test_fold_keeps_every_row_once_and_the_accumulation_steps() -> None:
+    three = Split((((0,), (1,)), ((2,), (3, 4)), ((5,), (6,))), steps_per_generation=4,
+                  outside_tokens=9, outside_rows=7)  # fmt: skip
+    two = fold(three, 4)
+    assert two.ranks == (((0, 5), (1, 6)), ((2,), (3, 4)))
+    assert (two.steps_per_generation, two.outside_tokens, two.outside_rows) == (4, 9, 7)
+    four = Split(tuple(((i,),) for i in range(4)))
+    assert fold(four, 4) is four and fold(four, 2).world_size == 2
+    one = Split((((0, 1),),))
+    assert fold(one, 2) is one
