@@ -49,7 +49,8 @@ frameworks: $(FW_STAMP)
 	$(FW_PY) -m pytest tests/frameworks -n 2 -q -p no:cacheprovider --polgrad-max-examples=20
 
 # The documentation site: generated blocks checked first (a stale table or a claim naming
-# a missing test fails), then mkdocs --strict (a broken link or anchor fails).
+# a missing test fails, a page the index does not link fails), then mkdocs --strict (a broken
+# link or anchor, a page missing from the nav fails; tests/docs/test_docs_site.py shows it).
 DOCS_STAMP := $(VENV)/.docs-installed
 
 $(DOCS_STAMP): $(STAMP)
@@ -58,6 +59,7 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP)
 	$(PY) tools/generate_docs.py --check
+	$(PY) -m pytest tests/docs/test_docs_site.py -q -p no:cacheprovider  # a broken link fails
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # Mutation testing by hand (never in CI): cosmic-ray over tools/mutate.toml's modules, each

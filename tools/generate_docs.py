@@ -4,10 +4,12 @@ Blocks sit between ``<!-- BEGIN generated: NAME -->`` and ``<!-- END generated: 
 
 - ``claims`` (README.md, docs/index.md): the claim table of ``tools/claims.py``;
 - ``registry`` (docs/registry.md): a card per ``polgrad_reference.ALGORITHMS`` entry;
-- ``goldens`` (docs/derivations/goldens.md): ``polgrad_reference.verify.GOLDEN_CASES``.
+- ``goldens`` (docs/derivations/goldens.md): ``polgrad_reference.verify.GOLDEN_CASES``;
+- ``api`` (docs/api.md): every name of each public package's ``__all__`` (``api_page.py``).
 
 ``make docs`` runs ``--check`` before ``mkdocs build --strict``: a stale block fails the
-build, and so does a claim naming a test that does not exist.
+build, and so do a claim naming a test that does not exist and a page of docs/ that
+docs/index.md's page table does not link (mkdocs itself fails a page missing from the nav).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import api_page
 import claims
 
 ROOT = claims.ROOT
@@ -49,7 +52,22 @@ BLOCKS: dict[str, tuple[Callable[[], str], tuple[Path, ...]]] = {
     ),
     "registry": (_registry, (ROOT / "docs" / "registry.md",)),
     "goldens": (_goldens, (ROOT / "docs" / "derivations" / "goldens.md",)),
+    "api": (api_page.render, (ROOT / "docs" / "api.md",)),
 }
+
+INDEX_TABLE_END = "## Every claim is machine-checked"
+"""docs/index.md's page table ends at this heading."""
+
+
+def unindexed_pages(docs: Path = ROOT / "docs") -> list[str]:
+    """Pages of ``docs`` (recursively) that the page table of its index.md does not link."""
+    table = (docs / "index.md").read_text().split(INDEX_TABLE_END, 1)[0]
+    pages = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.md"))
+    return [
+        f"docs/index.md's page table does not link {page}"
+        for page in pages
+        if page != "index.md" and f"]({page})" not in table
+    ]
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -80,7 +98,8 @@ def stale() -> list[str]:
 
 def main(argv: list[str]) -> int:
     if "--check" in argv:
-        problems = [f"stale generated block: {s}" for s in stale()] + claims.missing_tests()
+        problems = [f"stale generated block: {s}" for s in stale()]
+        problems += claims.missing_tests() + unindexed_pages()
         for p in problems:
             print(p, file=sys.stderr)
         if problems:
