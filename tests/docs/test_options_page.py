@@ -119,3 +119,21 @@ def test_the_page_check_would_catch_a_missing_row() -> None:
     assert "holes" not in _rows(without) and "holes" in _rows(MARKER_SECTION)
     assert _rows(MARKER_SECTION)["max_batch"][1] == _rendered(64)
     assert _rendered(65) != _rendered(64)
+
+
+def test_every_assert_conforms_keyword_is_listed_with_its_default() -> None:
+    import inspect
+
+    from pytest_polgrad import assert_conforms
+
+    section = PAGE.split("## `assert_conforms`'s own keywords", 1)[1].split("\n## ", 1)[0]
+    rows = _rows(section)
+    own = [
+        p
+        for p in inspect.signature(assert_conforms).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    ]
+    assert {p.name for p in own} == {"seed", "max_examples", "name"}
+    for param in own:
+        assert param.name in rows, f"docs/options.md has no assert_conforms row {param.name!r}"
+        assert rows[param.name][1] == _rendered(param.default), param.name
