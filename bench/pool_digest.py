@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from pytest_polgrad.core.engine import (
-    _find_check,
     _pool,
     applicable_checks,
     build_context,
+    check_of,
     kind_of,
     resolve_config,
 )
@@ -97,7 +97,7 @@ def digest(
         ctx = build_context(_loss, options)
         kind = kind_of(options)
         for name in applicable_checks(resolve_config(options), options):
-            check = _find_check(kind, ctx, name)
+            check = check_of(kind, ctx, name)
             for seed in seeds:
                 drawn, extra = _pool(kind, ctx, check, seed, budget)
                 if kind.name != "policy_loss":

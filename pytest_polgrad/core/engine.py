@@ -126,22 +126,12 @@ def checks_for(options: Any) -> list[str]:
     return applicable_checks(resolve_config(options), options)
 
 
-def _find_check(kind: Kind, ctx: KindContext, name: str) -> KindCheck:
-    lookup = getattr(kind, "check", None)
-    if lookup is not None:
-        found: KindCheck | None = lookup(name)
-        if found is not None:
-            return found
+def check_of(kind: Kind, ctx: KindContext, name: str) -> KindCheck:
+    """The check ``name`` for the context's function (:meth:`Kind.find_check`)."""
     config = getattr(ctx, "config", None)
     if config is None:
         config = kind.resolve(ctx.options)
-    checks = {c.name: c for c in kind.checks(config, ctx.options)}
-    if name not in checks:
-        raise ValueError(
-            f"check must be one of {', '.join(map(repr, checks))} for kind {kind.name!r}, "
-            f"got {name!r}"
-        )
-    return checks[name]
+    return kind.find_check(name, config, ctx.options)
 
 
 def derive_seed(base: int, *parts: object) -> int:
@@ -159,14 +149,6 @@ _POOL_LIMIT = 32
 def clear_pools() -> None:
     """Forget every pooled input (tests and benchmarks that need a cold start)."""
     _POOLS.clear()
-
-
-def _pool_key(kind: Kind, ctx: KindContext, check: KindCheck) -> Hashable:
-    key = getattr(kind, "pool_key", None)
-    if key is not None:
-        found: Hashable = key(ctx, check)
-        return found
-    return (check.name, repr(ctx.options))  # no sharing across checks without a key
 
 
 def _settings(max_examples: int, *, shrink: bool) -> Callable[[Any], Any]:
@@ -229,11 +211,10 @@ def _pool(
     """``(drawn, extra)`` within ``budget`` inputs: the kind's ``extra_inputs`` (e.g.
     realistic sizes, too costly for every drawn example) take one eighth of the budget,
     rounded up, and the strategy draws the rest for the pool's seed."""
-    key = (kind.name, _pool_key(kind, ctx, check), seed)
-    hook = getattr(kind, "extra_inputs", None)
+    key = (kind.name, kind.pool_key(ctx, check), seed)
     extra: tuple[Any, ...] = ()
-    if hook is not None and budget > 0:
-        extra = _cached((*key, "extra"), lambda: tuple(hook(ctx, check, seed)))
+    if budget > 0:
+        extra = _cached((*key, "extra"), lambda: tuple(kind.extra_inputs(ctx, check, seed)))
         extra = extra[: -(-budget // 8)]
     n = budget - len(extra)
     drawn: tuple[Any, ...] = ()
@@ -271,7 +252,7 @@ def prepared(check: KindCheck, inputs: Any) -> Any:
     not depend on the function, so every function and check sees the same prepared
     tensors, and the oracle's per-batch cache serves them all (policy loss
     'on-policy')."""
-    prepare = getattr(check, "prepare", None)
+    prepare = check.prepare
     if prepare is None:
         return inputs
     key = (prepare, id(inputs))
@@ -303,7 +284,7 @@ def _search(
 
     counter = [0]
     last: list[Any] = [None]
-    prepare = getattr(check, "prepare", None)
+    prepare = check.prepare
 
     @_settings(max_examples, shrink=True)
     @fix_seed(seed)
@@ -325,11 +306,8 @@ def _search(
 
 
 def corpus_of(kind: Kind, ctx: KindContext, check: KindCheck) -> dict[str, Any]:
-    """The canonical inputs ``check`` runs first: the kind's ``corpus_for`` hook, else its
-    whole corpus."""
-    hook = getattr(kind, "corpus_for", None)
-    found: dict[str, Any] = hook(ctx, check) if hook is not None else kind.corpus(ctx)
-    return found
+    """The canonical inputs ``check`` runs first (:meth:`Kind.corpus_for`)."""
+    return dict(kind.corpus_for(ctx, check))
 
 
 def _candidates(
@@ -369,8 +347,8 @@ def run_check(
     does not happen again on the same input is the verdict :data:`NON_DETERMINISTIC`.
     """
     kind = kind_of(ctx.options)
-    check = _find_check(kind, ctx, check_name)
-    seed = derive_seed(base_seed, kind.name, _pool_key(kind, ctx, check))
+    check = check_of(kind, ctx, check_name)
+    seed = derive_seed(base_seed, kind.name, kind.pool_key(ctx, check))
     examples = 0
     found: _Found | None = None
     screening = SHARED_CALLS.set(shared)
@@ -438,22 +416,20 @@ def _refine(
             return _non_deterministic(found), searched
         if hit is not None:
             return hit, searched
-    shrink = getattr(kind, "shrink", None)
     reduced = ""
-    if shrink is not None:
-        same = type(found.exc)
-        calls = [0]
+    same = type(found.exc)
+    calls = [0]
 
-        def fails(x: Any) -> bool:
-            calls[0] += 1
-            return isinstance(_attempt(ctx, check, x), same)
+    def fails(x: Any) -> bool:
+        calls[0] += 1
+        return isinstance(_attempt(ctx, check, x), same)
 
-        smaller = shrink(ctx, found.inputs, fails)
-        searched += calls[0]
-        exc = _attempt(ctx, check, smaller) if smaller is not found.inputs else None
-        if isinstance(exc, same):
-            found = _Found(smaller, exc, found.source)
-            reduced = ", reduced by the kit's shrinker (rows dropped, columns cut; values kept)"
+    smaller = kind.shrink(ctx, found.inputs, fails)
+    searched += calls[0]
+    exc = _attempt(ctx, check, smaller) if smaller is not found.inputs else None
+    if isinstance(exc, same):
+        found = _Found(smaller, exc, found.source)
+        reduced = ", reduced by the kit's shrinker (rows dropped, columns cut; values kept)"
     if not corpus:  # the batch line names the input and the kit's shrinking
         ctx.notes.add(
             f"Hypothesis did not reproduce the failure within {max_examples} examples, so the "
@@ -483,13 +459,11 @@ def _report(
     *,
     diagnose: bool,
 ) -> tuple[str, str, str]:
-    custom = getattr(kind, "report", None)
+    custom = kind.report(ctx, check, found.exc, found.inputs, replay, diagnose)
     if custom is not None:
-        text, diagnosis, match = custom(ctx, check, found.exc, found.inputs, replay, diagnose)
+        text, diagnosis, match = custom
     else:
-        shown = getattr(kind, "shown", None)
-        if shown is not None:
-            found = dataclasses.replace(found, inputs=shown(ctx, found.inputs))
+        found = dataclasses.replace(found, inputs=kind.shown(ctx, found.inputs))
         text, diagnosis, match = _generic_report(kind, ctx, check, found, replay, diagnose)
     if not found.shrunk:
         text = text.replace("(the smallest Hypothesis found)", f"(the {found.source})")

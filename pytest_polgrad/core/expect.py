@@ -32,7 +32,7 @@ import decimal
 import math
 from typing import Any
 
-from pytest_polgrad.core.engine import corpus_of, is_verdict, kind_of, prepared
+from pytest_polgrad.core.engine import check_of, corpus_of, is_verdict, kind_of, prepared
 from pytest_polgrad.core.verdicts import CheckFailure
 
 __all__ = [
@@ -95,17 +95,6 @@ class Judgement:
         return size(self.measured)
 
 
-def _check(kind: Any, ctx: Any, name: str) -> Any:
-    lookup = getattr(kind, "check", None)
-    found = lookup(name) if lookup is not None else None
-    if found is not None:
-        return found
-    config = getattr(ctx, "config", None)
-    if config is None:
-        config = kind.resolve(ctx.options)
-    return {c.name: c for c in kind.checks(config, ctx.options)}[name]
-
-
 def measure(ctx: Any, check_name: str) -> tuple[float, str]:
     """Run ``check_name`` on every canonical corpus input: ``(worst error, verdict)``
     where ``verdict`` names the first input on which the function misbehaved ("" if none)."""
@@ -113,7 +102,7 @@ def measure(ctx: Any, check_name: str) -> tuple[float, str]:
     from pytest_polgrad.core.calls import Verdict
 
     kind = kind_of(ctx.options)
-    check = _check(kind, ctx, check_name)
+    check = check_of(kind, ctx, check_name)
     worst = 0.0
     saved = getattr(ctx, "worst", None)
     try:

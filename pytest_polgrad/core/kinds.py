@@ -9,12 +9,14 @@ training step, advantages, KL, aggregation, value loss, entropy):
 - how inputs are drawn (``strategy``: a Hypothesis strategy of :class:`Inputs`) and the
   canonical inputs every check runs first, before any drawn one (``corpus``),
 - its diagnosis (``diagnose``: which registered semantics the function computes instead),
-- its standalone reproduction snippet and its golden data.
+- its standalone reproduction snippet and its golden data,
+- optional hooks with defaults (pool sharing, extra inputs, a per-check corpus, its own
+  shrinker and report): :class:`Kind` is a base class, not a checklist.
 
 The engine (:mod:`pytest_polgrad.core.engine`) is kind-agnostic: it builds the context, runs the
 corpus then a shared pool of drawn inputs through each check, searches and shrinks with
 Hypothesis only when something fails, and formats the report. Adding a kind is adding one
-module that defines a :class:`Kind` and one line in :data:`KINDS`.
+module that subclasses :class:`Kind` and one line in :data:`KINDS`.
 
 This module imports neither torch nor Hypothesis at import time (the plugin loads it).
 """
@@ -25,7 +27,7 @@ import contextvars
 import dataclasses
 import importlib
 import weakref
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -36,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KINDS",
-    "OPTIONAL_HOOKS",
     "SHARED_CALLS",
     "CallStore",
     "Diagnosis",
@@ -142,80 +143,116 @@ class Diagnosis:
     match: str
 
 
-class Kind(Protocol):
-    """The contract every kind module satisfies (see the module docstring)."""
+class Kind:
+    """The contract every kind satisfies, with the default of each optional hook.
+
+    A kind subclasses this and defines the required methods (``resolve`` to ``golden``,
+    which raise ``NotImplementedError`` here); the optional hooks below them have defaults
+    the engine relies on, so it never probes a kind for a method.
+    """
 
     name: str
     """The marker's ``kind=`` value, e.g. ``"advantages"``."""
     summary: str
     """One line: the calling convention, for docs and errors."""
-    override_keys: frozenset[str]
+    override_keys: frozenset[str] = frozenset()
     """Marker keywords this kind forwards to its reference config."""
+
+    # ---- required --------------------------------------------------------------------
 
     def resolve(self, options: ConformanceOptions) -> Any:
         """The reference config for the marker (raise ``MarkerError`` naming the problem)."""
-        ...
+        raise NotImplementedError
 
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
         """The checks that apply to this config and options, in report order."""
-        ...
+        raise NotImplementedError
 
     def context(
         self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
     ) -> KindContext:
         """Wire the function, its oracle and the tolerance model (``name``: as collected)."""
-        ...
+        raise NotImplementedError
 
-    def strategy(self, ctx: KindContext, check: KindCheck) -> SearchStrategy[Inputs]:
+    def strategy(self, ctx: Any, check: KindCheck) -> SearchStrategy[Any]:
         """Inputs for ``check`` (depends on the config and options, never on the function)."""
-        ...
+        raise NotImplementedError
 
-    def corpus(self, ctx: KindContext) -> dict[str, Inputs]:
+    def corpus(self, ctx: Any) -> Mapping[str, Any]:
         """Canonical inputs every check runs first, by name (deterministic literals)."""
-        ...
+        raise NotImplementedError
 
-    def diagnose(self, ctx: KindContext, inputs: Inputs | None) -> Diagnosis:
+    def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
         """Which registered semantics the function matches (on the corpus, and whether
         that match holds on the failing ``inputs``)."""
-        ...
+        raise NotImplementedError
 
-    def snippet(self, ctx: KindContext, inputs: Inputs, check: KindCheck) -> str:
+    def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
         """Standalone Python reproducing what ``check`` compared on ``inputs``."""
-        ...
+        raise NotImplementedError
 
-    def golden(self, ctx: KindContext) -> Any:
+    def golden(self, ctx: Any) -> Any:
         """The function's outputs on the corpus with their tolerances (a snapshot value)."""
-        ...
+        raise NotImplementedError
 
+    # ---- optional, with defaults -------------------------------------------------------
 
-OPTIONAL_HOOKS = {
-    "check": "check(name) -> KindCheck | None: any check by name, applicable or not",
-    "pool_key": (
-        "pool_key(ctx, check) -> Hashable: what shapes the check's inputs; checks and "
-        "functions with equal keys share one pool (default: no sharing across checks)"
-    ),
-    "extra_inputs": (
-        "extra_inputs(ctx, check, seed) -> list[Inputs]: inputs added to the pool after the "
-        "drawn ones (e.g. realistic sizes too costly for every drawn example)"
-    ),
-    "corpus_for": (
-        "corpus_for(ctx, check) -> dict[str, Inputs]: the canonical inputs of one check, when "
-        "not all of the kind's corpus is in its domain (default: ``corpus(ctx)``)"
-    ),
-    "shrink": (
-        "shrink(ctx, inputs, fails) -> Inputs: a smaller failing input when Hypothesis does "
-        "not reproduce a failure (``fails(x)`` says whether ``x`` still fails)"
-    ),
-    "report": (
-        "report(ctx, check, exc, inputs, replay, diagnose) -> (text, diagnosis, match): the "
-        "kind's own failure report (default: the engine's, from snippet and diagnose)"
-    ),
-    "shown": (
-        "shown(ctx, inputs) -> Inputs: the failing inputs as the engine's report describes "
-        "them and its snippet builds them (e.g. only the tensors the function reads)"
-    ),
-}
-"""Methods a kind may define beyond :class:`Kind`; the engine uses them when present."""
+    def check(self, name: str) -> KindCheck | None:
+        """Any check by name, applicable to the marker or not (None: look only among the
+        applicable :meth:`checks`)."""
+        return None
+
+    def find_check(self, name: str, config: Any, options: ConformanceOptions) -> KindCheck:
+        """The check ``name``: :meth:`check`, else the applicable one; ``ValueError``
+        listing the applicable checks. The one lookup the engine and ``expect`` use."""
+        found = self.check(name)
+        if found is not None:
+            return found
+        checks = {c.name: c for c in self.checks(config, options)}
+        if name not in checks:
+            raise ValueError(
+                f"check must be one of {', '.join(map(repr, checks))} for kind "
+                f"{self.name!r}, got {name!r}"
+            )
+        return checks[name]
+
+    def pool_key(self, ctx: Any, check: KindCheck) -> Hashable:
+        """What shapes the check's inputs: checks and functions with equal keys share one
+        pool (default: no sharing across checks)."""
+        return (check.name, repr(ctx.options))
+
+    def extra_inputs(self, ctx: Any, check: KindCheck, seed: int) -> Sequence[Any]:
+        """Inputs added to the pool after the drawn ones (e.g. realistic sizes too costly
+        for every drawn example); default none."""
+        return ()
+
+    def corpus_for(self, ctx: Any, check: KindCheck) -> Mapping[str, Any]:
+        """The canonical inputs of one check, when not all of the kind's corpus is in its
+        domain (default: the whole :meth:`corpus`)."""
+        return self.corpus(ctx)
+
+    def shrink(self, ctx: Any, inputs: Any, fails: Callable[[Any], bool]) -> Any:
+        """A smaller failing input when Hypothesis does not reproduce a failure
+        (``fails(x)`` says whether ``x`` still fails); default ``inputs`` itself."""
+        return inputs
+
+    def report(
+        self,
+        ctx: Any,
+        check: KindCheck,
+        exc: BaseException,
+        inputs: Any,
+        replay: str,
+        diagnose: bool,
+    ) -> tuple[str, str, str] | None:
+        """The kind's own failure report ``(text, diagnosis, match)``; None (the default):
+        the engine's, from :meth:`shown`, :meth:`snippet` and :meth:`diagnose`."""
+        return None
+
+    def shown(self, ctx: Any, inputs: Any) -> Any:
+        """The failing inputs as the engine's report describes them and its snippet builds
+        them (e.g. only the tensors the function reads); default ``inputs`` itself."""
+        return inputs
 
 
 KINDS: Mapping[str, str] = {

@@ -7,12 +7,14 @@ import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
+from polgrad_reference.config import Aggregation
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.calls import guarded_call as call_guarded  # one safe call for every kind
+from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
 from pytest_polgrad.core.verdicts import CheckFailure
@@ -22,12 +24,17 @@ __all__ = [
     "DTYPES",
     "TokenContext",
     "TokenInputs",
+    "aggregation_override",
     "call_guarded",
     "check_overrides",
     "fmt",
+    "hygiene_checks",
+    "named_reference",
     "parameters",
+    "require_budget",
     "require_scalar",
     "tolerance_for",
+    "unknown_overrides",
     "worst_entries",
 ]
 
@@ -52,6 +59,14 @@ def check_overrides(kind: str, options: ConformanceOptions, allowed: Iterable[st
             f"the {kind} kind passes right-padded [B, T] tensors; layout={options.layout!r} "
             "is not supported for it (convert at your function's edge)"
         )
+    unknown_overrides(kind, options, allowed)
+
+
+_R = TypeVar("_R")
+
+
+def unknown_overrides(kind: str, options: ConformanceOptions, allowed: Iterable[str]) -> None:
+    """Raise ``MarkerError`` naming the first override key the kind does not know."""
     keys = sorted(allowed)
     for key in options.overrides:
         if key not in keys:
@@ -59,6 +74,92 @@ def check_overrides(kind: str, options: ConformanceOptions, allowed: Iterable[st
                 f"the {kind} kind got unknown override {key!r}{did_you_mean(key, keys)}; "
                 f"allowed: {keys}"
             )
+
+
+def named_reference(kind: str, ref: object, references: Mapping[str, _R], cls: type[_R]) -> _R:
+    """The marker's reference: an instance of ``cls`` as given, else the registered
+    reference named ``ref``; ``MarkerError`` listing the names otherwise."""
+    if isinstance(ref, cls):
+        return ref
+    if isinstance(ref, str) and ref in references:
+        return references[ref]
+    names = sorted(references)
+    article = "an" if cls.__name__[0] in "AEIOU" else "a"
+    raise MarkerError(
+        f"the {kind} kind takes a reference among {names} or {article} {cls.__name__}, "
+        f"got {ref!r}{did_you_mean(ref, names)}"
+    )
+
+
+def aggregation_override(over: dict[str, Any]) -> None:
+    """Turn ``over["aggregation"]`` (a mode's name) into an :class:`Aggregation`, in place;
+    ``MarkerError`` with the modes for an unknown one."""
+    if "aggregation" not in over:
+        return
+    try:
+        over["aggregation"] = Aggregation(over["aggregation"])
+    except ValueError:
+        allowed = [a.value for a in Aggregation]
+        raise MarkerError(
+            f"aggregation must be one of {allowed}, got {over['aggregation']!r}"
+            + did_you_mean(over["aggregation"], allowed)
+        ) from None
+
+
+def require_budget(aggregation: Aggregation, budget: object) -> None:
+    """``budget`` is a non-negative int for ``token-sum-norm`` (0: the padded width) and
+    None for every other mode."""
+    if aggregation is Aggregation.TOKEN_SUM_NORM:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise MarkerError(
+                "aggregation='token-sum-norm' needs budget=<positive int> (0: the padded "
+                f"width), got {budget!r}"
+            )
+    elif budget is not None:
+        raise MarkerError(f"budget applies to aggregation='token-sum-norm' only, got {budget!r}")
+
+
+_Run = Callable[[Any, Mapping[str, Any]], float]
+
+
+def hygiene_checks(
+    inputs: str,
+    result: str,
+    *,
+    padding_values: _Run,
+    padding_columns: _Run,
+    inputs_unchanged: _Run,
+    deterministic: _Run,
+) -> tuple[KindCheck, ...]:
+    """The four non-semantic checks of a token kind whose result has a gradient, in report
+    order: ``inputs`` (e.g. ``"logits"``) at padding and appended padding columns leave
+    ``result`` (e.g. ``"loss"``) unchanged, no input is modified, two calls agree."""
+    return (
+        KindCheck(
+            "padding-values",
+            f"{inputs} at padding positions do not change the {result}",
+            padding_values,
+            semantic=False,
+        ),
+        KindCheck(
+            "padding-columns",
+            f"extra padding columns do not change the {result}",
+            padding_columns,
+            semantic=False,
+        ),
+        KindCheck(
+            "inputs-unchanged",
+            "the function does not modify its inputs in place",
+            inputs_unchanged,
+            semantic=False,
+        ),
+        KindCheck(
+            "deterministic",
+            f"the same batch gives the same {result} and gradient twice",
+            deterministic,
+            semantic=False,
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

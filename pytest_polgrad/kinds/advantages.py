@@ -30,7 +30,7 @@ from polgrad_reference.advantages import (
 )
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
-from pytest_polgrad.core.kinds import Diagnosis, KindCheck
+from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.snippets import (
     check_lines,
@@ -60,6 +60,7 @@ from pytest_polgrad.kinds._tokens import (
     call_guarded,
     parameters,
     tolerance_for,
+    unknown_overrides,
     worst_entries,
 )
 from pytest_polgrad.strategies import (
@@ -624,21 +625,15 @@ _CHECKS: dict[str, KindCheck] = {
 
 def _override(options: ConformanceOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split the marker's overrides into config fields and reference knobs."""
+    unknown_overrides("advantages", options, _OVERRIDES)
     over = dict(options.overrides)
-    keys = sorted(_OVERRIDES)
-    for key in over:
-        if key not in _OVERRIDES:
-            raise MarkerError(
-                f"the advantages kind got unknown override {key!r}{did_you_mean(key, keys)}; "
-                f"allowed: {keys}"
-            )
     knobs: dict[str, Any] = {
         k: over.pop(k) for k in ("whitening", "eps_in_sqrt", "grouped") if k in over
     }
     return over, knobs
 
 
-class AdvantagesKind:
+class AdvantagesKind(Kind):
     """The advantages :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "advantages"

@@ -23,17 +23,22 @@ from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.entropy import token_entropy
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
-from pytest_polgrad.core.kinds import Diagnosis, KindCheck
-from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
+    aggregation_override,
     bitwise_equal,
     call_guarded,
     fmt,
+    hygiene_checks,
+    named_reference,
     parameters,
+    require_budget,
     tolerance_for,
+    unknown_overrides,
     worst_entries,
 )
 from pytest_polgrad.strategies import LogitBatch, logit_batches
@@ -328,29 +333,13 @@ _CHECKS: dict[str, KindCheck] = {
             _check_value,
             domain="extreme",
         ),
-        KindCheck(
-            "padding-values",
-            "logits at padding positions do not change the result",
-            _check_padding_values,
-            semantic=False,
-        ),
-        KindCheck(
-            "padding-columns",
-            "extra padding columns do not change the result",
-            _check_padding_columns,
-            semantic=False,
-        ),
-        KindCheck(
-            "inputs-unchanged",
-            "the function does not modify its inputs in place",
-            _check_inputs_unchanged,
-            semantic=False,
-        ),
-        KindCheck(
-            "deterministic",
-            "the same batch gives the same result and gradient twice",
-            _check_deterministic,
-            semantic=False,
+        *hygiene_checks(
+            "logits",
+            "result",
+            padding_values=_check_padding_values,
+            padding_columns=_check_padding_columns,
+            inputs_unchanged=_check_inputs_unchanged,
+            deterministic=_check_deterministic,
         ),
     )
 }
@@ -358,7 +347,7 @@ _CHECKS: dict[str, KindCheck] = {
 _OVERRIDES = frozenset({"aggregation", "budget", "negate", "bits"})
 
 
-class EntropyKind:
+class EntropyKind(Kind):
     """The entropy :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "entropy"
@@ -366,47 +355,15 @@ class EntropyKind:
     override_keys = _OVERRIDES
 
     def resolve(self, options: ConformanceOptions) -> EntropyReference:
-        ref = options.reference
-        if isinstance(ref, EntropyReference):
-            base = ref
-        elif isinstance(ref, str) and ref in REFERENCES:
-            base = REFERENCES[ref]
-        else:
-            names = sorted(REFERENCES)
-            raise MarkerError(
-                f"the entropy kind takes a reference among {names} or an EntropyReference, "
-                f"got {ref!r}{did_you_mean(ref, names)}"
-            )
-        keys = sorted(_OVERRIDES)
+        base = named_reference(self.name, options.reference, REFERENCES, EntropyReference)
+        unknown_overrides(self.name, options, _OVERRIDES)
         over = dict(options.overrides)
-        for key in over:
-            if key not in _OVERRIDES:
-                raise MarkerError(
-                    f"the entropy kind got unknown override {key!r}{did_you_mean(key, keys)}; "
-                    f"allowed: {keys}"
-                )
-        if "aggregation" in over:
-            try:
-                over["aggregation"] = Aggregation(over["aggregation"])
-            except ValueError:
-                allowed = [a.value for a in Aggregation]
-                raise MarkerError(
-                    f"aggregation must be one of {allowed}, got {over['aggregation']!r}"
-                    + did_you_mean(over["aggregation"], allowed)
-                ) from None
+        aggregation_override(over)
         for flag in ("negate", "bits"):
             if flag in over and not isinstance(over[flag], bool):
                 raise MarkerError(f"{flag} must be True or False, got {over[flag]!r}")
         out = dataclasses.replace(base, **over)
-        b = out.budget
-        if out.aggregation is Aggregation.TOKEN_SUM_NORM:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-                raise MarkerError(
-                    "aggregation='token-sum-norm' needs budget=<positive int> (0: the padded "
-                    f"width), got {b!r}"
-                )
-        elif b is not None:
-            raise MarkerError(f"budget applies to aggregation='token-sum-norm' only, got {b!r}")
+        require_budget(out.aggregation, out.budget)
         if options.layout != "right":
             raise MarkerError(
                 "the entropy kind takes right-padded [B, T, V] logits (layout='right')"

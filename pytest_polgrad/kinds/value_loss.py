@@ -23,18 +23,23 @@ from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.value import value_loss_per_token
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
-from pytest_polgrad.core.kinds import Diagnosis, KindCheck
-from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
+    aggregation_override,
     bitwise_equal,
     call_guarded,
     fmt,
+    hygiene_checks,
+    named_reference,
     parameters,
+    require_budget,
     require_scalar,
     tolerance_for,
+    unknown_overrides,
     worst_entries,
 )
 from pytest_polgrad.strategies import (
@@ -345,29 +350,13 @@ _CHECKS: dict[str, KindCheck] = {
             _check_value,
             domain="extreme",
         ),
-        KindCheck(
-            "padding-values",
-            "values at padding positions do not change the loss",
-            _check_padding_values,
-            semantic=False,
-        ),
-        KindCheck(
-            "padding-columns",
-            "extra padding columns do not change the loss",
-            _check_padding_columns,
-            semantic=False,
-        ),
-        KindCheck(
-            "inputs-unchanged",
-            "the function does not modify its inputs in place",
-            _check_inputs_unchanged,
-            semantic=False,
-        ),
-        KindCheck(
-            "deterministic",
-            "the same batch gives the same loss and gradient twice",
-            _check_deterministic,
-            semantic=False,
+        *hygiene_checks(
+            "values",
+            "loss",
+            padding_values=_check_padding_values,
+            padding_columns=_check_padding_columns,
+            inputs_unchanged=_check_inputs_unchanged,
+            deterministic=_check_deterministic,
         ),
     )
 }
@@ -375,7 +364,7 @@ _CHECKS: dict[str, KindCheck] = {
 _OVERRIDES = frozenset({"clip_range", "aggregation", "budget", "half"})
 
 
-class ValueLossKind:
+class ValueLossKind(Kind):
     """The value-loss :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "value_loss"
@@ -383,51 +372,19 @@ class ValueLossKind:
     override_keys = _OVERRIDES
 
     def resolve(self, options: ConformanceOptions) -> ValueLossReference:
-        ref = options.reference
-        if isinstance(ref, ValueLossReference):
-            base = ref
-        elif isinstance(ref, str) and ref in REFERENCES:
-            base = REFERENCES[ref]
-        else:
-            names = sorted(REFERENCES)
-            raise MarkerError(
-                f"the value_loss kind takes a reference among {names} or a "
-                f"ValueLossReference, got {ref!r}{did_you_mean(ref, names)}"
-            )
-        keys = sorted(_OVERRIDES)
-        for key in options.overrides:
-            if key not in _OVERRIDES:
-                raise MarkerError(
-                    f"the value_loss kind got unknown override {key!r}"
-                    f"{did_you_mean(key, keys)}; allowed: {keys}"
-                )
+        base = named_reference(self.name, options.reference, REFERENCES, ValueLossReference)
+        unknown_overrides(self.name, options, _OVERRIDES)
         over = dict(options.overrides)
-        if "aggregation" in over:
-            try:
-                over["aggregation"] = Aggregation(over["aggregation"])
-            except ValueError:
-                allowed = [a.value for a in Aggregation]
-                raise MarkerError(
-                    f"aggregation must be one of {allowed}, got {over['aggregation']!r}"
-                    + did_you_mean(over["aggregation"], allowed)
-                ) from None
-            if over["aggregation"] is not Aggregation.TOKEN_SUM_NORM:
-                over.setdefault("budget", None)
+        aggregation_override(over)
+        if "aggregation" in over and over["aggregation"] is not Aggregation.TOKEN_SUM_NORM:
+            over.setdefault("budget", None)
         out = dataclasses.replace(base, **over)
         c = out.clip_range
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not c > 0):
             raise MarkerError(f"clip_range must be a positive number or None, got {c!r}")
         if not isinstance(out.half, bool):
             raise MarkerError(f"half must be True or False, got {out.half!r}")
-        b = out.budget
-        if out.aggregation is Aggregation.TOKEN_SUM_NORM:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-                raise MarkerError(
-                    "aggregation='token-sum-norm' needs budget=<positive int> (0: the padded "
-                    f"width), got {b!r}"
-                )
-        elif b is not None:
-            raise MarkerError(f"budget applies to aggregation='token-sum-norm' only, got {b!r}")
+        require_budget(out.aggregation, out.budget)
         if options.layout == "packed":
             raise MarkerError("the value_loss kind supports layout='right' or 'left'")
         return out

@@ -233,13 +233,8 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
     unrestricted = dataclasses.replace(options, checks=None) if options.checks else options
     applicable = [c.name for c in kind.checks(config, unrestricted)]
     if options.kind != "policy_loss":  # the policy loss is validated by its static list
-        lookup = getattr(kind, "check", None)
         named = [*options.expect, *(options.checks or ())]
-        unknown = [
-            n
-            for n in named
-            if n != "golden" and n not in applicable and (lookup is None or lookup(n) is None)
-        ]
+        unknown = [n for n in named if n != "golden" and n not in applicable and not kind.check(n)]
         if unknown:
             from pytest_polgrad.core.options import validate_check_names
 

@@ -117,7 +117,7 @@ def test_every_kinds_strategy_draws_without_hypothesis(
     assert k.name == kind
     ctx = build_context(loss, opts)
     for name in checks_for(opts):
-        check = engine._find_check(k, ctx, name)
+        check = engine.check_of(k, ctx, name)
         strategy = k.strategy(ctx, check)
         assert sampleable(strategy), (kind, name)
         assert len(sample(strategy, 3, 4)) == 4

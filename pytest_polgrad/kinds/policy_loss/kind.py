@@ -25,7 +25,7 @@ import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm
 from pytest_polgrad.core.calls import FunctionUnderTest, SignatureError
-from pytest_polgrad.core.kinds import CallStore, Diagnosis, KindCheck, remember
+from pytest_polgrad.core.kinds import CallStore, Diagnosis, Kind, KindCheck, remember
 from pytest_polgrad.core.options import ConformanceOptions, override_keys
 from pytest_polgrad.core.tolerance import Tolerance
 from pytest_polgrad.kinds.policy_loss.checks import CHECKS, Check, Context
@@ -169,7 +169,7 @@ def _wrap(check: Check) -> KindCheck:
     )
 
 
-class PolicyLossKind:
+class PolicyLossKind(Kind):
     """The policy-loss :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "policy_loss"
@@ -178,9 +178,7 @@ class PolicyLossKind:
         "rollout_logprobs, cu_seqlens]) -> scalar tensor"
     )
 
-    @property
-    def override_keys(self) -> frozenset[str]:
-        return override_keys(self.name)
+    override_keys = override_keys("policy_loss")
 
     def resolve(self, options: ConformanceOptions) -> PolicyLossConfig:
         """The reference loss config with the marker's overrides applied."""
@@ -288,7 +286,7 @@ class PolicyLossKind:
         self,
         ctx: Any,
         check: KindCheck,
-        exc: AssertionError,
+        exc: BaseException,
         inputs: Any,
         replay: str,
         diagnose: bool,
