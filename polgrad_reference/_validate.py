@@ -16,9 +16,11 @@ from .errors import InputError, InputTypeError
 __all__ = [
     "format_positions",
     "require_bool_mask",
+    "require_data",
     "require_finite_where",
     "require_float_tensor",
     "require_nonempty_rows",
+    "require_nonpositive_where",
     "require_response_mask",
     "require_right_padded",
     "require_same_device",
@@ -40,8 +42,20 @@ def format_positions(bad: torch.Tensor) -> str:
 
 
 def require_tensor(name: str, value: object) -> torch.Tensor:
-    """Return ``value`` if it is a ``torch.Tensor``; otherwise raise naming ``name``."""
+    """Return ``value`` if it is a dense tensor (strided layout, not quantized); otherwise
+    raise naming ``name``: sparse and quantized layouts lack operations the reference
+    uses. A ``meta`` tensor (no data) is refused by :func:`require_same_device` /
+    :func:`require_data`, after a device mismatch, which names both devices."""
     if isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided:
+            raise InputTypeError(
+                f"{name} must be a dense (strided) tensor, got layout {value.layout}; convert "
+                f"it with {name}.to_dense()"
+            )
+        if value.is_quantized:
+            raise InputTypeError(
+                f"{name} is a quantized tensor ({value.dtype}); pass {name}.dequantize()"
+            )
         return value
     kind = type(value).__module__ + "." + type(value).__qualname__
     hint = ""
@@ -91,12 +105,23 @@ def require_same_dtype(tensors: dict[str, torch.Tensor]) -> torch.dtype:
 
 
 def require_same_device(tensors: dict[str, torch.Tensor]) -> torch.device:
-    """All tensors live on one device."""
+    """All tensors live on one device, and it holds data (not ``meta``)."""
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) > 1:
         listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise InputTypeError(f"tensors must be on one device, got {listing}")
+    for name, t in tensors.items():
+        require_data(name, t)
     return next(iter(devices.values()))
+
+
+def require_data(name: str, t: torch.Tensor) -> None:
+    """``t`` has values to read: not a ``meta`` tensor (shape and dtype only)."""
+    if t.is_meta:
+        raise InputTypeError(
+            f"{name} is a meta tensor (shape {list(t.shape)}, no data); the reference computes "
+            "values: pass a tensor on the CPU or a CUDA device"
+        )
 
 
 def require_response_mask(
@@ -118,6 +143,7 @@ def require_nonempty_rows(name: str, mask: torch.Tensor) -> None:
     """Every row of a ``[B, T]`` mask holds at least one response token."""
     if mask.shape[0] == 0 or mask.shape[1] == 0:
         raise InputError(f"{name} must have B >= 1 and T >= 1, got shape {list(mask.shape)}")
+    require_data(name, mask)
     empty = ~mask.any(dim=1)
     if bool(empty.any()):
         rows = empty.nonzero().flatten().tolist()
@@ -129,6 +155,7 @@ def require_nonempty_rows(name: str, mask: torch.Tensor) -> None:
 
 def require_finite_where(name: str, t: torch.Tensor, where: torch.Tensor | None) -> None:
     """No NaN or inf in ``t`` where ``where`` is true (everywhere when ``where`` is None)."""
+    require_data(name, t)
     bad = ~torch.isfinite(t)
     if where is not None:
         bad = bad & where
@@ -136,6 +163,22 @@ def require_finite_where(name: str, t: torch.Tensor, where: torch.Tensor | None)
         kind = "NaN" if bool(torch.isnan(t[bad]).any()) else "inf"
         place = "at response positions " if where is not None else "at positions "
         raise InputError(f"{name} holds {kind} {place}{format_positions(bad)}")
+
+
+def require_nonpositive_where(name: str, t: torch.Tensor, where: torch.Tensor | None) -> None:
+    """No value ``> 0`` in ``t`` where ``where`` is true: log-probabilities are ``<= 0``
+    (``0`` itself, a token of probability 1, is valid)."""
+    require_data(name, t)
+    bad = t.detach() > 0
+    if where is not None:
+        bad = bad & where
+    if bool(bad.any()):
+        worst = float(t.detach()[bad].max())
+        raise InputError(
+            f"{name} must be <= 0, got positive values at {format_positions(bad)} (largest "
+            f"{worst:.6g}); log-probabilities of the sampled tokens are <= 0: not logits or "
+            "probabilities"
+        )
 
 
 def require_token_inputs(
@@ -146,11 +189,13 @@ def require_token_inputs(
     optional: tuple[str, ...] = (),
     nonempty: bool = True,
     right_padded: bool = False,
+    nonpositive: tuple[str, ...] = (),
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Validate a ``[B, T]`` bool mask with float ``[B, T]`` (``tokens``) and ``[B]``
     (``rows``) tensors; names in ``optional`` may be ``None`` and are then left out.
     Structural checks first, then values: finite at response positions (``[B, T]``) or
-    everywhere (``[B]``)."""
+    everywhere (``[B]``), and ``<= 0`` there for the log-probabilities named in
+    ``nonpositive``."""
     mask = require_response_mask(response_mask, sized=False, nonempty=False)
     shapes = {name: (tuple(mask.shape), "[B, T] like response_mask") for name in tokens}
     shapes |= {name: (tuple(mask.shape[:1]), "[B]") for name in rows or {}}
@@ -169,11 +214,14 @@ def require_token_inputs(
         require_right_padded(mask)
     for name, t in out.items():
         require_finite_where(name, t, mask if t.dim() == 2 else None)
+        if name in nonpositive:
+            require_nonpositive_where(name, t, mask if t.dim() == 2 else None)
     return mask, out
 
 
 def require_right_padded(mask: torch.Tensor) -> None:
     """Each row's response tokens form a prefix: no token right after a padding position."""
+    require_data("response_mask", mask)
     late = torch.nn.functional.pad(mask[:, 1:] & ~mask[:, :-1], (1, 0))
     if bool(late.any()):
         raise InputError(

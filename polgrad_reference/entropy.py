@@ -89,9 +89,7 @@ def sampled_token_entropy(*, logprobs: torch.Tensor, response_mask: torch.Tensor
     itself; its gradient is not the entropy gradient (``grad -log pi(y)`` has expectation
     ``0``, not ``grad H``), so it is a diagnostic, not a bonus to differentiate.
     """
-    mask, t = v.require_token_inputs(response_mask, tokens={"logprobs": logprobs})
-    lp = t["logprobs"]
-    pos = (lp > 0) & mask
-    if bool(pos.any()):
-        raise InputError(f"logprobs must be <= 0, got positive values at {v.format_positions(pos)}")
-    return torch.where(mask, -lp, 0.0)
+    mask, t = v.require_token_inputs(
+        response_mask, tokens={"logprobs": logprobs}, nonpositive=("logprobs",)
+    )
+    return torch.where(mask, -t["logprobs"], 0.0)

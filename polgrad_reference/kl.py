@@ -40,12 +40,18 @@ def _log_ratio(mask: torch.Tensor, t: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.where(mask, t["ref_logprobs"] - t["logprobs"], 0.0)
 
 
+_LOGPROBS = ("logprobs",)
+
+
 def _kl_inputs(
     logprobs: object, ref_logprobs: object, response_mask: object
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Validated inputs; rows without tokens are allowed (they are all padding)."""
     return v.require_token_inputs(
-        response_mask, tokens={"logprobs": logprobs, "ref_logprobs": ref_logprobs}, nonempty=False
+        response_mask,
+        tokens={"logprobs": logprobs, "ref_logprobs": ref_logprobs},
+        nonempty=False,
+        nonpositive=_LOGPROBS,
     )
 
 
@@ -170,15 +176,26 @@ def kl_penalized_rewards(
         tokens={"logprobs": logprobs, "ref_logprobs": ref_logprobs, "token_rewards": token_rewards},
         rows={"rewards": rewards},
         optional=_REWARDS,
+        nonpositive=_LOGPROBS,
     )
     _some_reward(t)
     base = _token_level(mask, t.get("rewards"), t.get("token_rewards"))
     return base - beta * _estimate(est, _log_ratio(mask, t), mask)
 
 
+def _where(bad: torch.Tensor) -> str:
+    return f"positions {v.format_positions(bad)}" if bad.dim() else "its only distribution"
+
+
 def categorical_kl(*, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
     """Exact ``KL(p || q) = sum_i p_i (log p_i - log q_i)`` over the last dimension, where
-    ``p = softmax(p_logits)`` and ``q = softmax(q_logits)``; shape ``[...]``."""
+    ``p = softmax(p_logits)`` and ``q = softmax(q_logits)``; shape ``[...]``.
+
+    ``-inf`` marks an excluded token, as in :func:`~polgrad_reference.token_entropy`: its
+    term is ``0 log 0 = 0`` where ``p_i = 0``; where ``q_i = 0`` but ``p_i > 0`` the KL is
+    ``+inf``, refused with the positions. NaN and ``+inf`` logits are refused, and so is a
+    distribution that is ``-inf`` everywhere.
+    """
     p = v.require_float_tensor("p_logits", p_logits)
     q = v.require_float_tensor("q_logits", q_logits)
     if p.dim() == 0 or p.shape[-1] == 0:
@@ -186,8 +203,25 @@ def categorical_kl(*, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.T
     v.require_shape("q_logits", q, p.shape, "like p_logits")
     v.require_same_dtype({"p_logits": p, "q_logits": q})
     v.require_same_device({"p_logits": p, "q_logits": q})
-    v.require_finite_where("p_logits", p, None)
-    v.require_finite_where("q_logits", q, None)
+    for name, z in (("p_logits", p), ("q_logits", q)):
+        bad = torch.isnan(z) | (z == torch.inf)
+        if bool(bad.any()):
+            kind = "NaN" if bool(torch.isnan(z).any()) else "+inf"
+            raise InputError(f"{name} holds {kind} at positions {v.format_positions(bad)}")
+        empty = (z == -torch.inf).all(dim=-1)
+        if bool(empty.any()):
+            raise InputError(
+                f"{name} is -inf over the whole last dimension (no outcome has probability "
+                f"> 0) at {_where(empty)}"
+            )
+    infinite = (q == -torch.inf) & (p > -torch.inf)
+    if bool(infinite.any()):
+        raise InputError(
+            "KL(p || q) is +inf: q_logits are -inf where p has probability > 0, at positions "
+            f"{v.format_positions(infinite)}"
+        )
     log_p = torch.log_softmax(p, dim=-1)
     log_q = torch.log_softmax(q, dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(dim=-1)
+    keep = p > -torch.inf  # 0 log 0 = 0, selected before any -inf - -inf is formed
+    diff = torch.where(keep, log_p, 0.0) - torch.where(keep, log_q, 0.0)
+    return (log_p.exp() * diff).sum(dim=-1)

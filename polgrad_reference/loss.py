@@ -195,6 +195,7 @@ def covariance_selection(
     mask = t["response_mask"]
     for name in ("logprobs", "old_logprobs"):
         v.require_finite_where(name, t[name], mask)
+    v.require_nonpositive_where("logprobs", t["logprobs"], mask)
     adv = t["advantages"].detach()
     v.require_finite_where("advantages", adv, mask if adv.dim() == 2 else None)
     adv = adv[:, None] if adv.dim() == 1 else torch.where(mask, adv, 0.0)
@@ -250,6 +251,15 @@ def _apply_is(
     return torch.where(mask & keep, token_loss, 0.0), mask
 
 
+_LOGPROBS = ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs")
+
+
+def _largest_logprob(lp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The largest ``logprobs`` at a response position (a probe: log-probabilities are
+    ``<= 0``); ``-inf`` without response tokens."""
+    return torch.where(mask, lp.detach(), -torch.inf).amax()
+
+
 def _overflow_advice(dtype: torch.dtype, other: str) -> str:
     """What to do about an ``exp`` overflow: in float64 no wider dtype exists, and a
     log-ratio past ~709 means the two tensors do not describe the same tokens."""
@@ -275,9 +285,10 @@ def _explain_failure(
     """
     mask = t["response_mask"]
     v.require_nonempty_rows("response_mask", mask)
-    for name in ("logprobs", "old_logprobs", "ref_logprobs", "rollout_logprobs"):
+    for name in _LOGPROBS:
         if name in t:
             v.require_finite_where(name, t[name], mask)
+    v.require_nonpositive_where("logprobs", t["logprobs"], mask)
     adv = t["advantages"]
     v.require_finite_where("advantages", adv, mask if adv.dim() == 2 else None)
     bad = ~torch.isfinite(out.ratio) & mask
@@ -327,7 +338,8 @@ def policy_loss(
     seeded by ``cfg.params.seed``).
 
     Raises ``InputError``/``InputTypeError`` for malformed input (naming the argument and
-    positions) and ``NumericalError`` instead of returning inf/NaN.
+    positions: a log-probability ``> 0`` at a response position included) and
+    ``NumericalError`` instead of returning inf/NaN.
     """
     t = _check_inputs(
         cfg, logprobs, old_logprobs, advantages, response_mask, ref_logprobs, rollout_logprobs
@@ -401,6 +413,8 @@ def policy_loss(
 
     lengths_ok = t["response_mask"].any(dim=1).all()
     probes.append(total.detach())
-    if not (bool(torch.isfinite(torch.stack(probes)).all()) and bool(lengths_ok)):
+    valid = torch.isfinite(torch.stack(probes)).all() & lengths_ok
+    valid &= _largest_logprob(t["logprobs"], t["response_mask"]) <= 0
+    if not bool(valid):
         _explain_failure(cfg, t, out)
     return out

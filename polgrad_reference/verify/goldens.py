@@ -97,8 +97,8 @@ def _aggregation_case(mode: str, loss: float, grad_10: float, divisor: str) -> G
 
 def _dual_clip() -> tuple[torch.Tensor, torch.Tensor]:
     batch = {
-        "logprobs": torch.tensor([[math.log(4.0)]], dtype=F64),
-        "old_logprobs": torch.zeros(1, 1, dtype=F64),
+        "logprobs": torch.zeros(1, 1, dtype=F64),  # log-probabilities are <= 0
+        "old_logprobs": torch.tensor([[-math.log(4.0)]], dtype=F64),
         "advantages": torch.tensor([-1.0], dtype=F64),
         "response_mask": torch.tensor([[True]]),
     }

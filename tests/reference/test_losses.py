@@ -73,8 +73,8 @@ def test_pg_clip_golden(mode: str) -> None:
 def test_dual_clip_golden() -> None:
     # r = 4, A = -1, c = 3: max(4, 1.2) = 4 is capped at 3; the gradient is zero.
     batch = {
-        "logprobs": torch.tensor([[math.log(4.0)]], dtype=F64),
-        "old_logprobs": torch.zeros(1, 1, dtype=F64),
+        "logprobs": torch.zeros(1, 1, dtype=F64),  # log-probabilities are <= 0
+        "old_logprobs": torch.tensor([[-math.log(4.0)]], dtype=F64),
         "advantages": torch.tensor([-1.0], dtype=F64),
         "response_mask": torch.tensor([[True]]),
     }
