@@ -591,8 +591,56 @@ def _ratio_based(cfg: PolicyLossConfig, opt: ConformanceOptions) -> bool:
     return cfg.surrogate is not SurrogateKind.REINFORCE and cfg.on_policy_is_policy_gradient
 
 
+def _row_pooled(cfg: PolicyLossConfig) -> bool:
+    """True when a token's on-policy gradient is its row's, not its own: a gradient that
+    flows through the sequence ratio ``s_b = exp(mean_t lr_t)`` (pg_clip, pg, sapo with
+    ``ratio='sequence'``) or GMPO's geometric mean. CISPO's ratio is a detached weight and
+    ``sequence_token`` keeps each token's own gradient, so they stay per token."""
+    through_seq = cfg.surrogate in (SurrogateKind.PG_CLIP, SurrogateKind.PG, SurrogateKind.SAPO)
+    return cfg.surrogate is SurrogateKind.GMPO or (through_seq and cfg.ratio is RatioKind.SEQUENCE)
+
+
+def _pool_rows(ref: OracleResult, own: OracleResult, batch: Batch, gmpo: bool) -> OracleResult:
+    """REINFORCE's gradient ``g`` pooled over each row: ``(1/L_b) sum_t g[b, t]`` at every
+    response token of row ``b`` (GMPO: 0 where ``A_t = 0``, whose clipped log-ratio is 0).
+    With row-constant advantages this is ``g`` itself (the weights are row-constant). The
+    scales are pooled alike, and are at least those of the reference itself on this batch
+    (``own``: the sequence ratio's rounding); a row with an ambiguous token is ambiguous
+    throughout."""
+    mask = batch["response_mask"]
+    lengths = mask.sum(dim=1, keepdim=True).clamp(min=1).to(torch.float64)
+    where = mask
+    if gmpo:
+        adv = batch["advantages"]
+        where = mask & ((adv[:, None] if adv.dim() == 1 else adv).expand_as(mask) != 0)
+
+    def pooled(t: torch.Tensor) -> torch.Tensor:
+        row = torch.where(mask, t, 0.0).sum(dim=1, keepdim=True) / lengths
+        return torch.where(where, row.expand_as(t), 0.0)
+
+    ambiguous = (ref.ambiguous & mask).any(dim=1, keepdim=True).expand_as(mask) & mask
+    native = None
+    if ref.grad_scale_native is not None:
+        native = pooled(ref.grad_scale_native)
+        if own.grad_scale_native is not None:
+            native = torch.maximum(native, own.grad_scale_native)
+    return dataclasses.replace(
+        ref,
+        grad=pooled(ref.grad),
+        grad_scale=torch.maximum(pooled(ref.grad_scale), own.grad_scale),
+        grad_scale_native=native,
+        ambiguous=ambiguous,
+        clear=mask & ~ambiguous,
+    )
+
+
 def check_on_policy(ctx: Context, batch: Batch) -> float:
-    """On-policy (old = logprobs), every ratio-based surrogate has the REINFORCE gradient."""
+    """On-policy (old = logprobs, every gate, clip and weight 1), a ratio-based surrogate
+    has REINFORCE's gradient ``g``, token by token. Through a sequence ratio
+    ``s_b = exp(mean_t lr_t)`` (GSPO, LUSPO) or GMPO's geometric mean every token of a row
+    gets the row's mean ``(1/L_b) sum_t g[b, t]`` instead, which is ``g`` only when the
+    advantages are constant along the row (the aggregation weights always are):
+    ``d/d lr_u sum_t w_b A_t s_b = (w_b / L_b) sum_t A_t`` at ``s_b = 1``."""
     ev = ctx.fut.call(batch)
     _require_finite_loss(ev)
     # the same class as the context's oracle: its per-batch cache serves every function
@@ -603,7 +651,12 @@ def check_on_policy(ctx: Context, batch: Batch) -> float:
     ref = ctx.call_oracle(reinforce, batch)
     if ref.undecided:
         return ctx.not_judged()
-    return _compare_grad(ctx, batch, ev, ref, "on-policy gradient (expected: REINFORCE's)")
+    what = "on-policy gradient (expected: REINFORCE's)"
+    if _row_pooled(ctx.config):
+        own = ctx.expected(batch)  # its scales carry the sequence mean's rounding
+        ref = _pool_rows(ref, own, batch, ctx.config.surrogate is SurrogateKind.GMPO)
+        what = "on-policy gradient (expected: REINFORCE's, averaged over each row)"
+    return _compare_grad(ctx, batch, ev, ref, what)
 
 
 CHECKS: dict[str, Check] = {
