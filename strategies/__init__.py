@@ -16,6 +16,7 @@ from ._domain import DEFAULT_CLIPS, DOMAINS, EXTREME, SEMANTIC, SUPPORTED_DTYPES
 from ._draw import batches
 from ._groups import Groups, groups
 from ._layout import Layout, left_to_right, pack, right_to_left, row_extents, unpack
+from ._logits import LOGPROB_PATTERNS, LogprobBatch, logprob_batches
 from ._masks import lengths, response_masks
 from ._plan import BatchPlan
 from ._rewards import (
@@ -36,6 +37,7 @@ __all__ = [
     "DOMAINS",
     "EXTREME",
     "LOGIT_PATTERNS",
+    "LOGPROB_PATTERNS",
     "REWARD_KINDS",
     "SEMANTIC",
     "SPLIT_FAMILIES",
@@ -46,6 +48,7 @@ __all__ = [
     "Groups",
     "Layout",
     "LogitBatch",
+    "LogprobBatch",
     "RewardBatch",
     "Split",
     "StepInfo",
@@ -60,6 +63,7 @@ __all__ = [
     "lengths",
     "log_ratio_gaps",
     "logit_batches",
+    "logprob_batches",
     "logprobs",
     "loss_configs",
     "pack",

@@ -263,6 +263,7 @@ KINDS: Mapping[str, str] = {
     "aggregation": "pytest_polgrad.kinds.aggregation",
     "value_loss": "pytest_polgrad.kinds.value_loss",
     "entropy": "pytest_polgrad.kinds.entropy",
+    "logprobs": "pytest_polgrad.kinds.logprobs.kind",
 }
 """Kind name -> module defining ``KIND`` (imported on first use)."""
 
