@@ -25,23 +25,31 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import itertools
+import hashlib
 import json
 import math
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from syrupy.extensions.base import AbstractSyrupyExtension
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 if TYPE_CHECKING:
     import torch
     from syrupy.data import SnapshotCollection
     from syrupy.location import PyTestLocation
-    from syrupy.types import PropertyFilter, PropertyMatcher, SerializableData, SerializedData
+    from syrupy.types import (
+        PropertyFilter,
+        PropertyMatcher,
+        SerializableData,
+        SerializedData,
+        SnapshotIndex,
+    )
 
     from pytest_polgrad.core.tolerance import Tolerance
 
@@ -55,6 +63,7 @@ __all__ = [
     "Outcome",
     "PolgradSnapshotExtension",
     "SnapshotFormatError",
+    "SnapshotPathError",
     "SnapshotText",
     "SnapshotWriteError",
     "Tolerant",
@@ -62,9 +71,12 @@ __all__ = [
     "explain",
     "flatten",
     "forget_write_errors",
+    "golden_stem",
     "merged_text",
     "parse",
+    "refuse_unusual",
     "render",
+    "snapshot_base",
     "write_error",
 ]
 
@@ -88,6 +100,7 @@ _VALUE = re.compile(rf"(?P<key>{_KEY.pattern})(?:\[(?P<pos>[0-9,]*)\])? = (?P<to
 _FLOAT = re.compile(r"[+-]?(?:nan|inf|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)")
 _INT = re.compile(r"-?\d+")
 _SHOWN = 20  # differences listed in a failure, and diff lines shown (times three)
+_MAX_FILE = 256 * 1024 * 1024  # bytes: a larger file is refused before it is read
 
 
 class SnapshotFormatError(ValueError):
@@ -264,7 +277,22 @@ def flatten(data: object, *, corpus: int | None = None) -> Document:
 
 
 def _indices(shape: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-    return itertools.product(*(range(n) for n in shape))
+    """Row-major positions of ``shape``, one at a time: memory is ``O(len(shape))``, never
+    the size of a dimension (``itertools.product`` would store each ``range``)."""
+    if any(n == 0 for n in shape):
+        return
+    index = [0] * len(shape)
+    while True:
+        yield tuple(index)
+        d = len(shape) - 1
+        while d >= 0:
+            index[d] += 1
+            if index[d] < shape[d]:
+                break
+            index[d] = 0
+            d -= 1
+        if d < 0:
+            return
 
 
 def _value_line(key: str, index: tuple[int, ...], token: str, shaped: bool) -> str:
@@ -291,14 +319,30 @@ def render(doc: Document) -> str:
 def _check_token(kind: str, token: str) -> bool:
     if kind in DIGITS:
         return bool(_FLOAT.fullmatch(token))
-    if kind in _INTS:
-        return bool(_INT.fullmatch(token))
+    if kind in _INTS:  # int() of more than 4300 digits raises (CPython's limit)
+        return len(token) <= 4000 and bool(_INT.fullmatch(token))
     if kind == "bool":
         return token in ("true", "false")
+    if not token.startswith('"'):  # a JSON string literal: nothing nests, nothing recurses
+        return False
     try:
         return isinstance(json.loads(token), str)
     except ValueError:
         return False
+
+
+_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
+def _lines(text: str) -> Iterator[str]:
+    """``text.splitlines()`` one line at a time: no list of every line at once (a file of
+    empty lines would cost some 50 times its size)."""
+    start = 0
+    for m in _BREAK.finditer(text):
+        yield text[start : m.start()]
+        start = m.end()
+    if start < len(text):
+        yield text[start:]
 
 
 def parse(text: str, *, source: str = "<snapshot>") -> Document:
@@ -319,7 +363,9 @@ def parse(text: str, *, source: str = "<snapshot>") -> Document:
     entries: dict[str, Entry] = {}
     pending: tuple[Entry, list[str], Iterator[tuple[int, ...]], int] | None = None
     no = 0
-    for no, raw in enumerate(text.splitlines(), 1):
+    # Bounded by the file, never by what it declares: one value per line, positions made
+    # one at a time (a shape of 3e8 x 3e8 over one line is "file ends after 1 of ...").
+    for no, raw in enumerate(_lines(text), 1):
         line = raw.rstrip()
         if not line or line.startswith("#"):
             continue
@@ -542,6 +588,70 @@ def merged_text(stored: str, received: SerializedData) -> str:
     return render(compare(old, new, _policy(received)).merged)
 
 
+# ------------------------------------------------------------------------- file names
+
+_SAFE = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 !#$&'()+,-.;=@[]^_`{}"
+)
+"""Printable ASCII kept as itself in a file name; everything else (``/ \\ : * ? " < > |``,
+``%``, ``~``, control characters, non-ASCII) is written ``%XX`` per UTF-8 byte."""
+_STEM_BYTES = 255 - len(".polgrad")
+"""The longest stem a file system takes (255 bytes per name, POSIX and NTFS)."""
+_DIGEST = 32  # hex digits of sha256 in a hashed name: 128 bits
+
+
+def _escape(name: str) -> str:
+    out = []
+    for c in name:
+        if c in _SAFE:
+            out.append(c)
+        else:
+            out.append("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")))
+    text = "".join(out)
+    return "%2E" + text[1:] if text.startswith(".") else text  # never a hidden file
+
+
+def golden_stem(name: str) -> str:
+    """The file name (without ``.polgrad``) of the snapshot named ``name``: injective.
+
+    Characters a file system drops, reserves or folds are percent-escaped (``%`` and ``~``
+    themselves included), so two names never share a stem; a stem past 247 bytes keeps
+    its head and ends in ``~`` and the sha256 of the whole name (128 bits), and ``~``
+    occurs in no other stem. ``tests/core/test_golden_names.py`` checks both over random
+    names."""
+    text = _escape(name)
+    if len(text) <= _STEM_BYTES:
+        return text
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    head = text[: _STEM_BYTES - 1 - _DIGEST]
+    cut = head.rfind("%", len(head) - 2)  # never half an escape: the head stays readable
+    return f"{head[:cut] if cut >= 0 else head}~{digest}"
+
+
+class SnapshotPathError(ValueError):
+    """A golden path pytest-polgrad will not read or write: a symbolic link, something
+    that is not a regular file, or a snapshot directory outside the rootdir."""
+
+
+def refuse_unusual(path: Path) -> None:
+    """Raise :class:`SnapshotPathError` if ``path`` exists and is not a regular file (a
+    symbolic link is never followed: its target is neither read nor shown)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise SnapshotPathError(
+            f"{path} is a symbolic link; pytest-polgrad neither follows nor replaces one: "
+            "delete it and re-record the golden with pytest --snapshot-update"
+        )
+    if not stat.S_ISREG(mode):
+        what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise SnapshotPathError(
+            f"{path} is {what}, where this test's golden snapshot file belongs: move it away"
+        )
+
+
 # ------------------------------------------------------------------------- extension
 
 
@@ -597,13 +707,54 @@ class PolgradSnapshotExtension(SingleFileSnapshotExtension):
     ) -> Iterator[str]:
         yield from explain(serialized_data, snapshot_data)
 
+    @classmethod
+    def get_snapshot_name(cls, *, test_location: PyTestLocation, index: SnapshotIndex = 0) -> str:
+        """The test's snapshot name as an injective file stem (:func:`golden_stem`), where
+        syrupy drops ``/`` and other characters and cuts a long name (two tests, one file)."""
+        return golden_stem(
+            AbstractSyrupyExtension.get_snapshot_name(test_location=test_location, index=index)
+        )
+
+    @classmethod
+    def matches_test_location(
+        cls, *, test_location: PyTestLocation, snapshot_location: str
+    ) -> bool:
+        """A file is this test's when it is at the test's own location (its escaped or
+        hashed name included, which syrupy's prefix matching does not know)."""
+        if test_location.matches_snapshot_location(snapshot_location):
+            return True
+        loc = Path(snapshot_location)
+        if loc.parent.name != test_location.basename:
+            return False
+        if not test_location.matches_snapshot_site(snapshot_location):
+            return False
+        own = cls.get_snapshot_name(test_location=test_location)
+        return loc.name.startswith(own) and loc.name[len(own) :] in (
+            f".{cls.file_extension}",
+            *(f".{i}.{cls.file_extension}" for i in range(1, 100)),
+        )
+
     def read_snapshot_data_from_location(
         self, *, snapshot_location: str, snapshot_name: str, session_id: str
     ) -> SerializableData | None:
+        path = Path(snapshot_location)
         try:
-            raw = Path(snapshot_location).read_bytes()
+            refuse_unusual(path)
+            if path.stat().st_size > _MAX_FILE:
+                raise SnapshotPathError(
+                    f"{path} holds {path.stat().st_size} bytes, more than any golden "
+                    f"pytest-polgrad writes ({_MAX_FILE})"
+                )
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             return None
+        except (SnapshotPathError, OSError) as exc:  # never the content of a link's target
+            text = SnapshotText("")
+            text.unreadable = str(exc)
+            text.location = snapshot_location
+            return text
         try:
             text = SnapshotText(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
@@ -625,14 +776,15 @@ class PolgradSnapshotExtension(SingleFileSnapshotExtension):
         if not isinstance(data, str):
             raise TypeError(f"polgrad snapshots are text, got {type(data).__name__}")
         path = Path(snapshot_collection.location)
-        try:
-            text = merged_text(path.read_text(encoding="utf-8"), data)
-        except (FileNotFoundError, UnicodeDecodeError):  # new, or not ours: replaced
-            text = str(data)
         _WRITE_ERRORS.pop(str(path), None)
         try:
+            refuse_unusual(path)
+            try:
+                text = merged_text(path.read_text(encoding="utf-8"), data)
+            except (FileNotFoundError, UnicodeDecodeError):  # new, or not ours: replaced
+                text = str(data)
             _write_atomic(path, text)
-        except OSError as exc:
+        except (OSError, SnapshotPathError) as exc:
             message = f"could not write snapshot {path}: {type(exc).__name__}: {exc}"
             _WRITE_ERRORS[str(path)] = message
             if isinstance(data, SnapshotText):
@@ -652,16 +804,32 @@ class PolgradSnapshotExtension(SingleFileSnapshotExtension):
             configured = ""
         test_dir = Path(test_location.filepath).parent
         if configured and config is not None and test_dir.is_relative_to(config.rootpath):
-            base = config.rootpath / configured / test_dir.relative_to(config.rootpath)
-            return str(base / test_location.basename)
+            base = snapshot_base(config.rootpath, configured)
+            return str(base / test_dir.relative_to(config.rootpath) / test_location.basename)
         return super().dirname(test_location=test_location)
+
+
+def snapshot_base(rootdir: Path, configured: str) -> Path:
+    """``rootdir / configured``, the ``polgrad_snapshot_dir`` ini option; raise
+    :class:`SnapshotPathError` for one outside the rootdir (absolute, ``..``, or through
+    a symbolic link): goldens are written only inside the project."""
+    base = rootdir / configured
+    root = rootdir.resolve()
+    if Path(configured).is_absolute() or not base.resolve().is_relative_to(root):
+        raise SnapshotPathError(
+            f"ini option polgrad_snapshot_dir = {configured} is outside the rootdir {rootdir}: "
+            "give a directory relative to the rootdir, inside it"
+        )
+    return base
 
 
 def _write_atomic(path: Path, text: str) -> None:
     """Write via a hidden temporary file and ``os.replace``: a reader (or a killed run)
     never sees a half-written snapshot; syrupy's discovery skips dot-files."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A short name whatever the golden's length (255 bytes is the limit of one name).
+    tag = hashlib.sha256(path.name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    tmp = path.with_name(f".polgrad-{tag}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(text)

@@ -8,24 +8,94 @@ The item is a plain pytest function taking syrupy's ``snapshot`` fixture, so
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+import stat
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from syrupy.assertion import SnapshotAssertion
+from syrupy.location import PyTestLocation
 
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.engine import build_context, kind_of
 from pytest_polgrad.core.golden_format import (
     RETAIN,
     PolgradSnapshotExtension,
+    SnapshotPathError,
     Tolerant,
+    refuse_unusual,
     write_error,
 )
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 
-__all__ = ["GoldenMismatch", "golden_test"]
+__all__ = ["GoldenMismatch", "claim_golden_files", "golden_test"]
+
+_GOLDEN = "__polgrad_golden__"
+_SHARED = pytest.StashKey[dict[str, str]]()
+"""Per session: node id of a golden item -> why its file is not its own alone."""
+
+
+def claim_golden_files(config: pytest.Config, items: Iterable[pytest.Item]) -> dict[str, str]:
+    """Map each golden item to its snapshot file at collection; an item whose file another
+    item also maps to gets an error instead of a run (never one overwriting the other's
+    values). File names are injective (:func:`~pytest_polgrad.core.golden_format.
+    golden_stem`), so this catches a hash collision, or two names one file system folds
+    into one (case-insensitive ones)."""
+    owners: dict[str, list[str]] = {}
+    for item in items:
+        if not getattr(getattr(item, "obj", None), _GOLDEN, False):
+            continue
+        try:
+            location = PolgradSnapshotExtension.get_location(
+                test_location=PyTestLocation(item), index=0
+            )
+        except Exception:  # the item then reports it when it runs
+            continue
+        key = os.path.normcase(location)
+        owners.setdefault(key, []).append(item.nodeid)
+        folded = key.casefold()
+        if folded != key:
+            owners.setdefault("\0" + folded, []).append(item.nodeid)
+    shared: dict[str, str] = {}
+    for key, ids in owners.items():
+        if len(ids) > 1:
+            fold = " on a case-insensitive file system" if key.startswith("\0") else ""
+            for nodeid in ids:
+                others = ", ".join(i for i in ids if i != nodeid)
+                shared.setdefault(
+                    nodeid,
+                    f"its golden file would be shared{fold} with {others}; rename one (no "
+                    "test writes a golden another test owns)",
+                )
+    if not _case_insensitive(config.rootpath):
+        shared = {n: why for n, why in shared.items() if "case-insensitive" not in why}
+    config.stash[_SHARED] = shared
+    return shared
+
+
+def _case_insensitive(path: Path) -> bool:
+    """Whether the file system at ``path`` folds case (``path`` seen through its swapped
+    case is the same file)."""
+    if not path.name:  # the file system's root
+        return False
+    swapped = path.with_name(path.name.swapcase())
+    if swapped == path:
+        return False
+    try:
+        return os.path.samefile(path, swapped)
+    except OSError:
+        return False
+
+
+def _kind(location: str) -> str:
+    """``"file"``, ``"absent"``, or what else is there (a link is not followed)."""
+    try:
+        mode = os.lstat(location).st_mode
+    except FileNotFoundError:
+        return "absent"
+    return "file" if stat.S_ISREG(mode) else "other"
 
 
 def _location(snapshot: SnapshotAssertion) -> str:
@@ -63,7 +133,15 @@ def golden_test(
     def golden(snapshot: SnapshotAssertion, request: pytest.FixtureRequest) -> None:
         snap = snapshot.use_extension(PolgradSnapshotExtension)
         location = _location(snap)
-        stored = Path(location).is_file()
+        shared = request.config.stash.get(_SHARED, {}).get(request.node.nodeid)
+        if shared:
+            pytest.fail(f"golden: {label}: {shared}", pytrace=False)
+        try:
+            refuse_unusual(Path(location))  # a link or a directory: refused, never followed
+        except SnapshotPathError as exc:
+            _ = snap == RETAIN  # leave it where it is
+            pytest.fail(f"golden: {label}: {exc}", pytrace=False)
+        stored = _kind(location) == "file"
         problem = unusable = ""
         try:
             ctx = build_context(fn, options, name=shown)
@@ -102,4 +180,5 @@ def golden_test(
     golden.__qualname__ = attribute
     golden.__module__ = getattr(fn, "__module__", __name__)
     golden.__doc__ = f"Golden snapshot of {label} on the canonical corpus."
+    setattr(golden, _GOLDEN, True)
     return golden

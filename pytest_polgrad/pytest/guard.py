@@ -21,11 +21,30 @@ import pytest
 
 __all__ = ["SnapshotGuard"]
 
+_GOLDEN = "__polgrad_golden__"  # set on golden items by pytest_polgrad.pytest.golden
+
+
+def _check_snapshot_dir(config: pytest.Config) -> None:
+    """A ``polgrad_snapshot_dir`` outside the rootdir is a usage error at startup."""
+    try:
+        configured = str(config.getini("polgrad_snapshot_dir") or "")
+    except ValueError:  # not registered (the plugin's ini options are absent)
+        return
+    if not configured:
+        return
+    from pytest_polgrad.core.golden_format import SnapshotPathError, snapshot_base
+
+    try:
+        snapshot_base(config.rootpath, configured)
+    except SnapshotPathError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
 
 class SnapshotGuard:
     """Tracks which items ran to completion and protects the snapshots of the others."""
 
     def __init__(self, config: pytest.Config) -> None:
+        _check_snapshot_dir(config)
         self.config = config
         self.selected: set[str] = set()
         self.done: set[str] = set()
@@ -42,6 +61,11 @@ class SnapshotGuard:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.selected.update(item.nodeid for item in session.items)
+        goldens = [i for i in session.items if getattr(getattr(i, "obj", None), _GOLDEN, 0)]
+        if goldens:  # imported only then: a session without goldens loads no torch
+            from pytest_polgrad.pytest.golden import claim_golden_files
+
+            claim_golden_files(self.config, goldens)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
