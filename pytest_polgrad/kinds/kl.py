@@ -173,6 +173,20 @@ def _ref_formula(ref: KLRef) -> Formula:
     return formula
 
 
+_UNIT_SLOPE = (KLEstimator.K1, KLEstimator.ABS, KLEstimator.K1_PLUS, KLEstimator.ABS_PLUS)
+
+
+def _sensitivity(est: KLEstimator, lr: torch.Tensor) -> torch.Tensor:
+    """How much an error ``d`` in ``lr`` (``|d| <= cond u`` from rounded inputs) moves the
+    penalty and its gradient, per unit of ``d``: 1 for k1 and abs (slope +-1; their ``+``
+    variants' gradient is k2's, ``lr``, also of slope 1); ``e^lr + 1 + |lr|`` for k2 and k3
+    (k3' = ``e^lr - 1``, k2' = ``lr``). A k1 bound of ``|lr|`` would hide a clamp of ``lr``
+    at +-10 from bfloat16 inputs (``|lr| = 25``: 15 off, within ``26 |lr| u K``)."""
+    if est in _UNIT_SLOPE:
+        return torch.ones_like(lr)
+    return lr.exp() + 1.0 + lr.abs()
+
+
 def _expected(
     ref: KLRef, formula: Formula, inputs: Mapping[str, torch.Tensor], scalar: bool
 ) -> _Expected:
@@ -192,7 +206,7 @@ def _expected(
     (g,) = torch.autograd.grad((k * w).sum(), lp)
     cond = 1.0 + x["logprobs"].abs() + x["ref_logprobs"].abs()
     lrd = lr.detach()
-    spread = (lrd.exp() + 1.0 + lrd.abs()) * cond * ratio.detach()
+    spread = _sensitivity(ref.kl.estimator, lrd) * cond * ratio.detach()
     if rw is not KLRatioWeight.NONE:
         spread = spread * (1.0 + x["old_logprobs"].abs() + x["logprobs"].abs())
     tok_scale = torch.where(mask, k.detach().abs() + spread, 0.0)
@@ -288,6 +302,16 @@ _CHECKS = (
 )  # fmt: skip
 
 
+_WIDE = (-40.0, -30.0, -22.0, -20.5, -15.0, -11.0, -10.5, -4.0, -1.0, 0.5, 2.0, 9.0, 10.5,
+         11.0, 15.0, 20.5, 22.0, 25.0)  # fmt: skip
+"""The corpus batch ``large-log-ratios``' ``ref_logprobs - logprobs`` (its 18 response
+tokens in order): past +-10 and +-20 on both sides; -40, where ``exp`` underflows
+harmlessly, so that a clamp at +-20 moves the value by 20 and shows from bfloat16 inputs."""
+_WIDE_FLOAT16 = (-40.0, -30.0, -22.0, -20.5, -15.0, -11.0, -10.5, -4.0, -1.0, 0.5, 2.0, 3.0,
+                 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)  # fmt: skip
+"""``_WIDE`` for float16 inputs: the positive side stops at 9, ``e^9 - 10 ~ 8093``."""
+
+
 def _inputs(batch: Mapping[str, torch.Tensor], label: str = "") -> TokenInputs:
     keep = ("logprobs", "ref_logprobs", "old_logprobs", "response_mask")
     return TokenInputs({k: batch[k] for k in keep}, label)
@@ -381,9 +405,14 @@ class KLKind(Kind):
         out = {name: _inputs(batch, name) for name, batch in found.items()}
         base = found["ragged"]
         mask = base["response_mask"]
-        # log-ratios up to +-9 (k3(9) = e^9 - 10 ~ 8093) so that a clamp at +-10 and its
-        # absence both show, while exp stays representable in float16
-        wide = torch.linspace(-9.0, 9.0, int(mask.sum()), dtype=torch.float64)
+        # log-ratios past every clamp a framework ships and twice that (OpenRLHF 0.11.2
+        # compute_approx_kl clamps the log-ratio to +-10, verl 0.9.1 low_var_kl the value to
+        # +-10 and the log-ratio to +-20): -40 .. 25, each side past 10 and past 20, so a k1,
+        # abs, k2 or k3 clamped at +-10 or +-20 differs on this batch at every budget; in
+        # float16 the positive side stops at 9 (k3(9) = e^9 - 10 ~ 8093 stays finite), the
+        # negative side, where exp underflows harmlessly, still reaches -40
+        wide = torch.tensor(_WIDE_FLOAT16 if base["logprobs"].dtype == torch.float16 else _WIDE,
+                            dtype=torch.float64)[: int(mask.sum())]  # fmt: skip
         ref = base["logprobs"].to(torch.float64).clone()
         ref[mask] = ref[mask] + wide
         big = {**base, "ref_logprobs": ref.to(base["logprobs"].dtype)}
@@ -440,7 +469,7 @@ def _candidates(ref: KLRef, ratio: bool) -> list[tuple[str, KLRef, Formula]]:
     out: list[tuple[str, KLRef, Formula]] = [(ref.describe(), ref, _ref_formula(ref))]
     weights = list(KLRatioWeight) if ratio else [KLRatioWeight.NONE]
     for est in KLEstimator:
-        for clamp in dict.fromkeys([ref.clamp, None, 10.0]):
+        for clamp in dict.fromkeys([ref.clamp, None, 10.0, 20.0]):
             for rw in weights:
                 try:
                     kl = ref.kl.replace(estimator=est, ratio_weight=rw,

@@ -94,7 +94,10 @@ def verl_kl_k3_straight_through(logprob: Any, ref_logprob: Any) -> Any:
     return verl.kl_penalty(logprobs=logprob, ref_logprobs=ref_logprob, kl_penalty="k3+")
 
 
-@pytest.mark.polgrad_conforms("k1", kind="kl")
+_K1_CLAMP = "compute_approx_kl clamps every estimator's value to [-10, 10], k1 included"
+
+
+@pytest.mark.polgrad_conforms("k1", kind="kl", expect={"value": _K1_CLAMP, "gradient": _K1_CLAMP})
 def openrlhf_kl_k1(log_probs: Any, ref_log_probs: Any) -> Any:
     return openrlhf.approx_kl(logprobs=log_probs, ref_logprobs=ref_log_probs, kl_estimator="k1")
 

@@ -52,6 +52,15 @@ def k1(logprobs, ref_logprobs, response_mask):
     return torch.where(response_mask, logprobs - ref_logprobs, 0.0)
 
 
+def k1_f32(logprobs, ref_logprobs, response_mask):
+    """k1 computed in float32 from float64 inputs (the rounded log-ratio's error, slope 1)."""
+    return k1(logprobs.float(), ref_logprobs.float(), response_mask).to(logprobs.dtype)
+
+
+def abs_f32(logprobs, ref_logprobs, response_mask):
+    return k1_f32(logprobs, ref_logprobs, response_mask).abs()
+
+
 def k2(logprobs, ref_logprobs, response_mask):
     return 0.5 * _lr(logprobs, ref_logprobs, response_mask) ** 2
 
@@ -64,6 +73,8 @@ CORRECT = [
     (k3_clamped, "grpo", {"overrides": {"clamp": 10}}, ("value", "gradient")),
     (k3_plus, "k3+", {}, ("value", "gradient")),
     (k1, "rloo", {}, ("value",)),
+    (k1_f32, "k1", {}, ("value", "gradient")),
+    (abs_f32, "abs", {"dtype": "bfloat16"}, ("value", "gradient")),
     (k2, "k2", {"dtype": "float32"}, ("value", "gradient")),
 ]
 
@@ -208,3 +219,39 @@ def k3_plus_clamped(logprob, ref_logprob):
 def test_clamped_straight_through_keeps_the_k2_gradient() -> None:
     for check in ("value", "gradient"):
         assert _run(k3_plus_clamped, check, "k3+", overrides={"clamp": 10}).passed, check
+
+
+def _clamped(estimator: str, bound: float):
+    """k1 or abs with the log-ratio clamped to ``[-bound, bound]`` (OpenRLHF 0.11.2
+    ``compute_approx_kl`` clamps every estimator's value to +-10, k1 included)."""
+
+    def fn(logprobs, ref_logprobs, response_mask):
+        lr = torch.where(response_mask, logprobs - ref_logprobs, 0.0).clamp(-bound, bound)
+        return lr.abs() if estimator == "abs" else lr
+
+    fn.__name__ = f"{estimator}_clamped_{bound:g}"
+    return fn
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("bound", [10.0, 20.0])
+@pytest.mark.parametrize("estimator", ["k1", "abs"])
+def test_a_clamp_at_a_shipped_bound_fails_on_the_corpus(estimator, bound, dtype) -> None:
+    """Issue 27: the corpus reached log-ratios of +-9 only, so OpenRLHF's k1 clamped at
+    +-10 passed every check at 100 examples; now one example (the corpus) shows it."""
+    result = _run(_clamped(estimator, bound), "value", estimator, examples=1, dtype=dtype)
+    assert not result.passed, result.report
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("estimator", ["k1", "abs", "k2", "k3"])
+def test_correct_estimators_pass_on_the_wide_corpus(estimator, seed, dtype) -> None:
+    """The other side of the wider corpus and of k1/abs's tighter rounding bound (slope 1):
+    correct estimators, computing in the inputs' dtype, pass value and gradient."""
+    fn = {"k1": k1, "abs": lambda logprobs, ref_logprobs, response_mask: k1(
+        logprobs, ref_logprobs, response_mask).abs(), "k2": k2, "k3": k3}[estimator]  # fmt: skip
+    for check in ("value", "gradient"):
+        opts = ConformanceOptions(estimator, kind="kl", dtype=dtype)
+        result = run_check(build_context(fn, opts), check, max_examples=30, base_seed=seed)
+        assert result.passed, result.report
