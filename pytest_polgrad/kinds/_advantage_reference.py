@@ -98,6 +98,16 @@ class AdvantageReference:
         est = self.config.estimator
         return est in (_E.REINFORCE_PP, _E.REINFORCE_PP_BASELINE) or self.config.whiten
 
+    def computes(self, batch: RewardBatch) -> bool:
+        """Whether ``batch`` lies in this reference's domain: whitening takes its mean and
+        variance over every response token of the batch and needs at least 2 of them for
+        the unbiased variance, 1 for the biased (:func:`polgrad_reference.whiten` raises
+        below that). A batch outside it is left out of this reference's pool and corpus: it
+        is no evidence for or against a function (docs/conformance.md, "Advantages")."""
+        if not self.whitens:
+            return True
+        return int(batch.response_mask.sum()) >= 1 + int(self.whitener.unbiased)
+
     @property
     def sequence_level(self) -> bool:
         return self.config.estimator in SEQUENCE

@@ -767,11 +767,17 @@ class AdvantagesKind(Kind):
     def strategy(self, ctx: Any, check: KindCheck) -> Any:
         shape = self._shape(ctx, check)
         if check.domain == "degenerate":
-            return filtered(reward_batches(min_group_size=1, **shape), _degenerate)
-        return reward_batches(**shape)
+            drawn = filtered(reward_batches(min_group_size=1, **shape), _degenerate)
+        else:
+            drawn = reward_batches(**shape)
+        ref: AdvantageReference = ctx.config
+        # a batch the reference cannot compute (whitening over one token) is not drawn
+        return filtered(drawn, ref.computes) if ref.whitens else drawn
 
     def corpus(self, ctx: Any) -> dict[str, RewardBatch]:
-        return advantage_corpus(ctx.tolerance.input_dtype, grouped=ctx.grouped)
+        found = advantage_corpus(ctx.tolerance.input_dtype, grouped=ctx.grouped)
+        ref: AdvantageReference = ctx.config
+        return {name: b for name, b in found.items() if ref.computes(b)}
 
     def corpus_for(self, ctx: Any, check: KindCheck) -> dict[str, RewardBatch]:
         """No canonical batch has extreme reward scales: ``extreme-values`` runs on its own

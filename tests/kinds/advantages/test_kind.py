@@ -5,6 +5,7 @@ realistic wrong ones fail with a diagnosis naming what they compute (docs/confor
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,8 @@ import torch
 
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError, ConformanceReport
-from pytest_polgrad.core.options import MarkerError
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.kinds._advantage_reference import advantage_corpus
 from tests.helpers import inline_run
 
 BUDGET = 12
@@ -447,3 +449,48 @@ def test_the_marker_generates_items_goldens_and_a_diagnosis(pytester: pytest.Pyt
     changed = inline_run.run(pytester, *args, "-k", "good and golden")
     changed.assert_outcomes(failed=1)
     assert "does not match" in changed.stdout.str()
+
+
+# ------------------------------------------------- batches outside the reference's domain
+
+
+def reinforce_pp_guarded(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Correct REINFORCE++ that returns 0 where whitening is undefined (one response token
+    in the batch: no unbiased variance), where verl raises and the reference refuses."""
+    returns = torch.where(response_mask, rewards.double()[:, None], 0.0)
+    if int(response_mask.sum()) < 2:
+        return torch.zeros_like(returns).to(rewards.dtype)
+    return _whiten(returns, response_mask).to(rewards.dtype)
+
+
+@pytest.mark.parametrize("seed", [0, 2, 4])
+def test_a_batch_the_reference_cannot_whiten_is_not_drawn(seed: int) -> None:
+    """Issue 27: at 100 examples the pool drew a batch with a single response token and
+    a correct reinforce_pp failed value / extreme-values with "the reference cannot
+    compute this batch", which expect= cannot excuse (seeds 0, 2 and 4 drew one)."""
+    report = assert_conforms(
+        reinforce_pp_guarded, "reinforce_pp", kind="advantages", max_examples=100, seed=seed
+    )
+    assert report.ok, str(report)
+
+
+def test_the_domain_is_the_references_whitening_count() -> None:
+    """Whitening needs 2 response tokens (unbiased) or 1 (biased); without whitening every
+    batch is in the domain."""
+    from pytest_polgrad.kinds.advantages import KIND
+
+    one = advantage_corpus(torch.float64)["groups"]
+    one = dataclasses.replace(
+        one,
+        rewards=one.rewards[:1],
+        group_ids=one.group_ids[:1],
+        response_mask=torch.tensor([[True, False]]),
+    )
+    unbiased = KIND.resolve(ConformanceOptions("reinforce_pp", kind="advantages"))
+    biased = KIND.resolve(
+        ConformanceOptions("reinforce_pp", kind="advantages", overrides={"whitening": "openrlhf"})
+    )
+    grpo = KIND.resolve(ConformanceOptions("grpo", kind="advantages"))
+    assert not unbiased.computes(one)
+    assert biased.computes(one)
+    assert grpo.computes(one)
