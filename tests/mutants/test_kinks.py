@@ -31,12 +31,12 @@ def _ratio_at(bound: float, distance: float) -> float:
 
 
 def _ambiguous(
-    cfg: PolicyLossConfig, ratios: list[float], adv: float, *, native: bool
+    cfg: PolicyLossConfig, ratios: list[float], adv: float, *, native: bool, old: float = OLD
 ) -> torch.Tensor:
     lr = torch.tensor([[math.log(r) for r in ratios]], dtype=F64)
     batch = {
-        "logprobs": OLD + lr,
-        "old_logprobs": torch.full_like(lr, OLD),
+        "logprobs": old + lr,
+        "old_logprobs": torch.full_like(lr, old),
         "advantages": torch.tensor([adv], dtype=F64),
         "response_mask": torch.ones_like(lr, dtype=torch.bool),
     }
@@ -87,7 +87,9 @@ def test_dual_clip_bound_has_a_band_too() -> None:
     assert dual is not None
     c = 1.0 + math.log(dual)
     ratios = [_ratio_at(dual, f * EPS * c) for f in (-0.5, 0.5, 4.0)]
-    assert _ambiguous(cfg, ratios, -1.0, native=True).tolist() == [True, True, False]
+    # old = -2: the logprobs stay <= 0 at ratios near the dual clip (3)
+    got = _ambiguous(cfg, ratios, -1.0, native=True, old=-2.0)
+    assert got.tolist() == [True, True, False]
 
 
 def test_no_band_for_surrogates_without_a_clip_kink() -> None:

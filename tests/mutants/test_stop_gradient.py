@@ -22,7 +22,7 @@ F64 = torch.float64
 
 def _batch(log_ratios: list[list[float]], adv: list[float]) -> dict[str, torch.Tensor]:
     lr = torch.tensor(log_ratios, dtype=F64)
-    old = torch.full_like(lr, -1.5)
+    old = torch.full_like(lr, -3.0)  # logprobs = old + lr stay <= 0 up to ratio 8
     return {
         "logprobs": old + lr,
         "old_logprobs": old,
