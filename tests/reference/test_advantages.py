@@ -908,3 +908,27 @@ def test_unrepresentable_results_raise_a_named_error(call: Any, words: str) -> N
         call()
     wider = "compute in float64" in str(info.value)
     assert wider == ("float16" in str(info.value))  # float64 is never advised for float64
+
+
+@pytest.mark.parametrize(
+    ("x", "expected"),
+    [
+        # population variance 1.25 >> 1e-8: exactly (x - mean) / sqrt(var), no eps at all
+        ([1.0, 2.0, 3.0, 4.0], [(v - 2.5) / math.sqrt(1.25) for v in (1.0, 2.0, 3.0, 4.0)]),
+        # variance 1e-10 < 1e-8: clamped to 1e-8, so +-1e-5 / 1e-4 = +-0.1 (adding eps: 0.0995)
+        ([0.0, 2e-5], [-0.1, 0.1]),
+    ],
+)
+def test_openrlhf_whitening_clamps_the_variance_it_does_not_add_eps(
+    x: list[float], expected: list[float]
+) -> None:
+    """OpenRLHF 0.11.2 ``var.clamp(min=1e-8).rsqrt()``: at unit variance ``rsqrt(var + eps)``
+    differs by 5e-9 relative, which ``allclose``'s default ``atol=1e-8`` hid (issue 27),
+    so the comparison here is relative, to 4 ulps."""
+    from polgrad_reference.advantages import OPENRLHF_WHITENING, whiten
+
+    t = torch.tensor([x], dtype=torch.float64)
+    out = whiten(
+        t, response_mask=torch.ones_like(t, dtype=torch.bool), convention=OPENRLHF_WHITENING
+    )
+    assert out[0].tolist() == pytest.approx(expected, rel=1e-15, abs=0.0)

@@ -179,3 +179,11 @@ def test_sampled_estimate_rejects_positive_logprobs() -> None:
             logprobs=torch.tensor([[-0.5, 0.25]], dtype=F64),
             response_mask=torch.ones(1, 2, dtype=torch.bool),
         )
+
+
+def test_sampled_estimate_accepts_logprobs_of_exactly_zero() -> None:
+    """A token sampled with probability 1 has ``log pi = 0`` (a valid log-probability, and
+    ``-0.0`` too): its estimate is 0, not an error (issue 27: a ``>= 0`` rejection survived)."""
+    lp = torch.tensor([[0.0, -0.0, -1.5]], dtype=F64)
+    out = sampled_token_entropy(logprobs=lp, response_mask=torch.ones(1, 3, dtype=torch.bool))
+    assert out[0].tolist() == [0.0, 0.0, 1.5]

@@ -203,3 +203,64 @@ def test_kink_ratios_are_every_branch_point(name: str, kinks: tuple[float, ...])
     from polgrad_reference import ALGORITHMS, kink_ratios
 
     assert kink_ratios(ALGORITHMS[name].loss) == pytest.approx(kinks, rel=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("adv", "p", "delta_low", "delta_high", "kept"),
+    [
+        # A < 0 moving p down: gated on delta_low (0.05 < D ~ 0.087), never on delta_high
+        (-1.0, 0.3, 0.05, 0.2, False),
+        (-1.0, 0.3, 0.2, 0.05, True),
+        # A > 0 moving p up: gated on delta_high, never on delta_low
+        (1.0, 0.7, 0.2, 0.05, False),
+        (1.0, 0.7, 0.05, 0.2, True),
+    ],
+)
+def test_dppo_kl_gates_each_sign_on_its_own_threshold(
+    adv: float, p: float, delta_low: float, delta_high: float, kept: bool
+) -> None:
+    """DPPO binary-KL (verl 0.9.1 ``dppo_kl``): ``A > 0`` keeps a token with
+    ``D <= delta_high or p <= p_old``, ``A <= 0`` one with ``D <= delta_low or p >= p_old``;
+    ``D(0.5 -> 0.3) = D(0.5 -> 0.7) ~ 0.087`` lies between unequal thresholds, so a gate
+    that reads the other sign's threshold keeps what it should drop (issue 27)."""
+    from polgrad_reference.config import DivergenceMask
+
+    gate = DivergenceMask(delta_low=delta_low, delta_high=delta_high, is_cap=None)
+    old = torch.tensor([[math.log(0.5)]], dtype=F64)
+    lp = torch.tensor([[math.log(p)]], dtype=F64, requires_grad=True)
+    out = surrogate(
+        SurrogateKind.DPPO_KL,
+        ratio=torch.exp(lp - old),
+        advantages=torch.tensor([[adv]], dtype=F64),
+        logprobs=lp,
+        clip=CLIP,
+        log_ratio=(lp - old).detach(),
+        old_logprobs=old,
+        params=gate,
+    )
+    (grad,) = torch.autograd.grad(out.sum(), lp)
+    assert bool(grad[0, 0] != 0) is kept
+
+
+@pytest.mark.parametrize("log_w", [-25.0, -40.0])
+def test_vespo_does_not_clamp_the_log_sequence_ratio(log_w: float) -> None:
+    """VESPO's weight ``phi(w) = exp(lambda + k log w - lambda w)`` is computed from the
+    unclamped ``log w`` (TRL 1.16.0 clamps it to ``[log 1e-8, 20]``, the reference does
+    not, as its docstring says): at ``log w = -25`` the loss is ``e^(3 - 50) * A * 0.5``
+    ~ 1.2e-21, not the clamped ``e^(3 + 2 log 1e-8)``-sized 6e-14 (issue 27)."""
+    from polgrad_reference.config import GammaWeight
+
+    gamma = GammaWeight()  # k_pos 2, lambda_pos 3
+    lr = torch.tensor([[log_w / 2, log_w / 2]], dtype=F64)
+    lp = torch.full_like(lr, -0.5)
+    out = surrogate(
+        SurrogateKind.VESPO,
+        ratio=lr.exp(),
+        advantages=torch.ones_like(lr),
+        logprobs=lp,
+        clip=CLIP,
+        log_ratio=lr,
+        params=gamma,
+    )
+    phi = math.exp(3.0 + 2.0 * log_w - 3.0 * math.exp(log_w))
+    assert out[0].tolist() == pytest.approx([0.5 * phi, 0.5 * phi], rel=1e-12, abs=0.0)
