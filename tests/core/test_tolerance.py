@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from pytest_polgrad.core.engine import build_context, run_check
@@ -174,3 +175,17 @@ def test_a_bfloat16_native_loss_passes_by_default_and_fails_strict() -> None:
     assert any("strict=True judges bfloat16 inputs at float32" in n for n in strict.notes)
     assert not any("strict=True judges" in n for n in _run(native, "gradient").notes)
     assert not any("consistent" in n for n in _run(_upcast(0.28), dtype="bfloat16").notes)
+
+
+def test_loss_tolerance_grows_with_the_square_root_of_the_token_count() -> None:
+    """``tol = factor u (K + sqrt(N)) scale + floor`` (docs/tolerance.md): differences of
+    tolerances cancel K, the floor and the result's rounding, leaving the sqrt(N) term, so
+    ``(tol(1e6) - tol(1e4)) / (tol(1e4) - tol(1e2)) = 900 / 90``; a tolerance linear in N
+    gives 100 (issue 27: the mutant survived)."""
+    tol = Tolerance(torch.float64, strict=True)
+    diff = 1e-3
+
+    def width(n: int) -> float:
+        return diff / tol.value(diff, 0.0, 1.0, n).error
+
+    assert (width(10**6) - width(10**4)) / (width(10**4) - width(100)) == pytest.approx(10.0)

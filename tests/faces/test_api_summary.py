@@ -90,3 +90,18 @@ def test_one_verdict_is_reported_in_full_once() -> None:
     pointer = "(the same verdict as check 'value' of boom: its report has the batch"
     assert text.count(pointer) == len(checks) - 1, text
     assert text.count("does not conform to 'dapo'") == len(checks)
+
+
+def test_one_declared_check_excuses_that_check_only() -> None:
+    """DAPO's loss marked as PPO fails value and gradient (eps 0.28 vs 0.2); declaring
+    value alone leaves gradient an unexpected failure (issue 27: a mutant that let one
+    declaration excuse every failing check survived)."""
+    try:
+        assert_conforms(
+            L.dapo, "ppo", max_examples=5, checks=("value", "gradient"),
+            expect={"value": "eps_high 0.28"},
+        )  # fmt: skip
+    except ConformanceError as exc:
+        assert [r.check for r in exc.report.unexpected_failures] == ["gradient"]
+    else:
+        raise AssertionError("a failing gradient check was excused by value's declaration")

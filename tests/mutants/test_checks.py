@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from polgrad_reference import ALGORITHMS
-from pytest_polgrad import assert_conforms
+from pytest_polgrad import ConformanceError, assert_conforms
 from pytest_polgrad.core.options import ConformanceOptions
 from pytest_polgrad.kinds.policy_loss.checks import CHECKS, _worst_entries
 
@@ -57,3 +59,78 @@ def test_failure_table_lists_only_entries_beyond_tolerance() -> None:
     entries = _worst_entries(ratios, expected, -expected)
     assert [pos for pos, _, _ in entries] == [(0, 1), (1, 1)]
     assert entries[0][1:] == (1.0, -1.0)
+
+
+def _dapo_with_padding_gradient(leak: float | None) -> Callable[..., torch.Tensor]:
+    """DAPO whose gradient at padding is ``leak`` (None: NaN), its value unchanged."""
+    from tests.helpers.sample_losses import dapo
+
+    def loss(
+        logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        pad = float("nan") if leak is None else leak
+        lp = logprobs * 1.0
+        lp.register_hook(lambda g: torch.where(response_mask, g, pad))  # type: ignore[no-untyped-call]
+        return dapo(lp, old_logprobs, advantages, response_mask)
+
+    return loss
+
+
+def test_masked_positions_admits_no_gradient_at_padding_however_small() -> None:
+    """The check is ``grad == 0`` exactly at padding: a leak of 1e-13 fails, and so does a
+    NaN there (``abs(g) > 1e-12`` survived the audit of issue 27, and is False for NaN)."""
+    for leak in (1e-13, None):
+        try:
+            assert_conforms(
+                _dapo_with_padding_gradient(leak), "dapo", checks=("masked-positions",),
+                max_examples=3,
+            )  # fmt: skip
+        except ConformanceError as exc:
+            assert "not exactly zero" in str(exc)
+        else:
+            raise AssertionError(f"a padding gradient of {leak} passed masked-positions")
+    assert assert_conforms(
+        _dapo_with_padding_gradient(0.0), "dapo", checks=("masked-positions",), max_examples=3
+    ).ok
+
+
+def test_self_comparisons_allow_both_evaluations_their_rounding() -> None:
+    """Two evaluations of the function each carry rounding error, so the self-comparison
+    tolerance is twice one evaluation's: a loss that moves by 1.5x one evaluation's
+    tolerance between the two calls passes, 2.5x fails (issue 27: dropping the factor 2
+    survived, a false alarm on correct float32 losses at kinks)."""
+    import dataclasses
+    import math
+
+    from pytest_polgrad.core.corpus import canonical_corpus
+    from pytest_polgrad.core.engine import build_context
+    from pytest_polgrad.core.options import parse_marker
+    from pytest_polgrad.core.verdicts import CheckFailure
+    from pytest_polgrad.kinds.policy_loss.checks import _mass_ratio, _same_result, evaluate
+    from tests.helpers.sample_losses import dapo
+
+    ctx = build_context(dapo, parse_marker(("dapo",), {}))
+    batch = canonical_corpus()["ragged"]
+    a = evaluate(ctx, batch)
+    assert a.grad is not None
+    ref = ctx.expected(batch)
+    la = float(a.loss)
+    k = _mass_ratio(ref.grad, a.grad.to(torch.float64), ref.clear)
+    scale = max(ref.value_scale, k * ref.value_scale, abs(la))
+    native = max(ref.value_scale_native, k * ref.value_scale_native, abs(la))
+    probe = 1.0  # far beyond every precision's tolerance: the ratio is the loosest one's
+    cmp = ctx.tolerance.value(la + probe, la, scale, ref.n_tokens, native_scale=native)
+    one = probe / cmp.error  # one evaluation's tolerance at the loosest precision
+    width = batch["response_mask"].shape[1]
+    for times, passes in ((1.5, True), (2.5, False)):
+        b = dataclasses.replace(a, loss=torch.tensor(la + times * one, dtype=torch.float64))
+        try:
+            _same_result(ctx, batch, a, b, "nothing changes", width)
+        except CheckFailure:
+            assert not passes, times
+        else:
+            assert passes, times
+    assert math.isfinite(one) and one > 0

@@ -383,3 +383,20 @@ def test_a_bfloat16_fed_step_that_upcasts_is_judged_at_float32_with_strict(check
         _upcast(scaled_2_percent_step), check, dtype="bfloat16", strict=True, diagnose=False
     )
     assert not wrong.passed
+
+
+def test_a_uniform_factor_and_its_inverse_get_opposite_causes() -> None:
+    """``k`` accumulation steps: 1/k means the division by k happened twice, k that it is
+    missing; world size ``w``: 1/w means the all-reduce mean's factor is missing, w that it
+    is applied twice (issue 27: swapping the pairs survived, since the test accepted a bare
+    "0.5x")."""
+    from pytest_polgrad.kinds.training_step.kind import _meaning
+    from pytest_polgrad.strategies import Split
+
+    k2 = Split(ranks=(((0,), (1,)),))  # one rank, 2 micro-batches
+    assert "divided by the number of accumulation steps twice" in _meaning(0.5, k2)
+    assert "missing" not in _meaning(0.5, k2)
+    assert _meaning(2.0, k2) == "the division by the number of accumulation steps is missing"
+    w2 = Split(ranks=(((0,),), ((1,),)))  # two ranks, one micro-batch each
+    assert "world-size factor is missing" in _meaning(0.5, w2)
+    assert _meaning(2.0, w2) == "multiplied by the world size twice"
