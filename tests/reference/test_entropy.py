@@ -187,3 +187,12 @@ def test_sampled_estimate_accepts_logprobs_of_exactly_zero() -> None:
     lp = torch.tensor([[0.0, -0.0, -1.5]], dtype=F64)
     out = sampled_token_entropy(logprobs=lp, response_mask=torch.ones(1, 3, dtype=torch.bool))
     assert out[0].tolist() == [0.0, 0.0, 1.5]
+
+
+def test_entropy_of_logits_near_the_dtypes_largest_value_is_finite() -> None:
+    """The softmax is taken of ``z - max z`` (shift-invariant, never above 0): logits of
+    3e38 in float32 give entropy 0, where ``z + max z`` would overflow to inf and NaN
+    (the sampled ``make mutate`` run of issue 27 left that mutant alive)."""
+    z = torch.tensor([[[3e38, 0.0, -3e38]]], dtype=torch.float32)
+    h = token_entropy(logits=z, response_mask=torch.ones(1, 1, dtype=torch.bool))
+    assert h.tolist() == [[0.0]]
