@@ -320,3 +320,13 @@ def test_a_row_that_conforms_except_its_declarations_names_their_sizes() -> None
         "conforms, except the declared deviations (not shown by the canonical corpus: "
         "padding-columns)"
     )
+
+
+def test_a_deviation_the_corpus_does_not_show_gets_no_run_worst_sentence() -> None:
+    """The "this run's worst was ..." sentence contrasts a pinned corpus size with a draw's;
+    where the corpus does not show the deviation (size <= 1) there is no size to contrast,
+    only the "does not show it" detail (issue 27: ``0 < s`` for ``1 < s`` survived)."""
+    text = excused_reason("value", "why", 0.5, None, run_worst=40.0)
+    assert "does not show it" in text
+    assert "this run's worst" not in text
+    assert "this run's worst was 40x" in excused_reason("value", "why", 3.0, None, run_worst=40.0)
