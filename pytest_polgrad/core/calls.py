@@ -8,12 +8,13 @@ edge, return-value extraction, and clear verdicts when the function misbehaves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
 import re
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "SignatureError",
     "Verdict",
     "guarded_call",
+    "on_canonical_batch",
     "resolve_parameters",
 ]
 
@@ -75,6 +77,15 @@ _REFUSED = {
 class Verdict(AssertionError):
     """The function under test did something no check can compare: raised, returned a
     non-scalar / integer / non-tensor, or a loss not differentiable in ``logprobs``."""
+
+
+@contextlib.contextmanager
+def on_canonical_batch(name: str) -> Iterator[None]:
+    """A :class:`Verdict` raised inside names the canonical batch ``name`` it came from."""
+    try:
+        yield
+    except Verdict as exc:
+        raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
 
 
 class SignatureError(Verdict, TypeError):

@@ -31,6 +31,7 @@ __all__ = [
     "hygiene_checks",
     "named_reference",
     "parameters",
+    "pick_output",
     "require_budget",
     "require_scalar",
     "tolerance_for",
@@ -222,6 +223,22 @@ def parameters(fn: Callable[..., Any], universe: Iterable[str]) -> frozenset[str
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return frozenset(names)
     return frozenset(p.name for p in params if p.name in names)
+
+
+def pick_output(result: object, key: object, default: str) -> object:
+    """The entry of ``result`` the marker's ``loss=`` names: a dict's ``key`` (``default``
+    when None), a tuple's or list's index ``key`` (0 when None); any other result itself."""
+    if isinstance(result, Mapping):
+        k = default if key is None else key
+        if k not in result:
+            raise Verdict(f"the function returned a dict without key {k!r}; name it with loss=")
+        return result[k]
+    if isinstance(result, (tuple, list)) and result:
+        index = 0 if key is None else key
+        if not isinstance(index, int) or not -len(result) <= index < len(result):
+            raise Verdict(f"loss={key!r} does not index the returned {type(result).__name__}")
+        return result[index]
+    return result
 
 
 def require_scalar(value: object, what: str) -> torch.Tensor:

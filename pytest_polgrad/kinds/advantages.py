@@ -28,7 +28,7 @@ from polgrad_reference.advantages import (
     Whitening,
     token_level_rewards,
 )
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.calls import Verdict, on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
@@ -801,10 +801,8 @@ class AdvantagesKind(Kind):
         scales: dict[str, EntryScale] = {}
         for name, batch in self.corpus(ctx).items():
             kw = batch.as_kwargs()
-            try:
+            with on_canonical_batch(name):
                 out, _ = call_advantages(ctx, kw)
-            except Verdict as exc:
-                raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
             data[name] = {"advantages": out}
             own = out.to(torch.float64).nan_to_num(0.0, 0.0, 0.0).abs()
             scales[f"{name}/advantages"] = EntryScale(own + own.max() + 1e-300)

@@ -21,7 +21,7 @@ import torch
 
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.entropy import token_entropy
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.calls import Verdict, on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
@@ -36,6 +36,7 @@ from pytest_polgrad.kinds._tokens import (
     hygiene_checks,
     named_reference,
     parameters,
+    pick_output,
     require_budget,
     tolerance_for,
     unknown_overrides,
@@ -137,20 +138,6 @@ class EntropyContext(TokenContext):
     """:class:`~pytest_polgrad.kinds._tokens.TokenContext` for the entropy kind."""
 
 
-def _pick(result: object, key: object) -> object:
-    if isinstance(result, Mapping):
-        k = "entropy" if key is None else key
-        if k not in result:
-            raise Verdict(f"the function returned a dict without key {k!r}; name it with loss=")
-        return result[k]
-    if isinstance(result, (tuple, list)) and result:
-        index = 0 if key is None else key
-        if not isinstance(index, int) or not -len(result) <= index < len(result):
-            raise Verdict(f"loss={key!r} does not index the returned {type(result).__name__}")
-        return result[index]
-    return result
-
-
 def call_entropy(
     ctx: TokenContext, kw: Mapping[str, torch.Tensor], *, grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
@@ -159,7 +146,9 @@ def call_entropy(
     given = {n: kw[n].detach().clone() for n in INPUT_NAMES if n in ctx.takes}
     if grad:
         given["logits"].requires_grad_(True)
-    out = _pick(call_guarded(ctx.fn, given, "a valid batch of logits"), ctx.options.loss)
+    out = pick_output(
+        call_guarded(ctx.fn, given, "a valid batch of logits"), ctx.options.loss, "entropy"
+    )
     mask = kw["response_mask"]
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
         raise Verdict(
@@ -426,10 +415,8 @@ class EntropyKind(Kind):
         scales: dict[str, EntryScale] = {}
         for name, batch in self.corpus(ctx).items():
             kw = batch.as_kwargs()
-            try:
+            with on_canonical_batch(name):
                 out, g, _ = call_entropy(ctx, kw)
-            except Verdict as exc:
-                raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
             assert g is not None
             scalar = out.dim() == 0
             _, ref_grad = _reference(ctx, kw, scalar=scalar)

@@ -21,7 +21,7 @@ import torch
 
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.value import value_loss_per_token
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.calls import Verdict, on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
@@ -36,6 +36,7 @@ from pytest_polgrad.kinds._tokens import (
     hygiene_checks,
     named_reference,
     parameters,
+    pick_output,
     require_budget,
     require_scalar,
     tolerance_for,
@@ -160,20 +161,6 @@ def _edge(ctx: TokenContext, kw: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return out
 
 
-def _pick(result: object, key: object) -> object:
-    if isinstance(result, Mapping):
-        k = "loss" if key is None else key
-        if k not in result:
-            raise Verdict(f"the function returned a dict without key {k!r}; name it with loss=")
-        return result[k]
-    if isinstance(result, (tuple, list)) and result:
-        index = 0 if key is None else key
-        if not isinstance(index, int) or not -len(result) <= index < len(result):
-            raise Verdict(f"loss={key!r} does not index the returned {type(result).__name__}")
-        return result[index]
-    return result
-
-
 def call_value_loss(
     ctx: TokenContext, kw: Mapping[str, torch.Tensor], *, grad: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]:
@@ -182,7 +169,8 @@ def call_value_loss(
     if grad:
         given["values"].requires_grad_(True)
     loss = require_scalar(
-        _pick(call_guarded(ctx.fn, given, "a valid batch"), ctx.options.loss), "value loss"
+        pick_output(call_guarded(ctx.fn, given, "a valid batch"), ctx.options.loss, "loss"),
+        "value loss",
     )
     if not grad:
         return loss.detach(), None, given
@@ -445,10 +433,8 @@ class ValueLossKind(Kind):
         scales: dict[str, EntryScale] = {}
         for name, batch in self.corpus(ctx).items():
             kw = batch.as_kwargs()
-            try:
+            with on_canonical_batch(name):
                 loss, g, _ = call_value_loss(ctx, kw)
-            except Verdict as exc:
-                raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
             assert g is not None
             _, ref_grad = _reference(ctx, kw)
             loss_scale, grad_scale = _scales(ctx.config, kw, ref_grad)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from pytest_polgrad.core.calls import Verdict
-from pytest_polgrad.kinds._tokens import TokenContext, call_guarded
+from pytest_polgrad.kinds._tokens import TokenContext, call_guarded, pick_output
 from pytest_polgrad.strategies._logits import pack_rows, unpack_rows
 
 from .reference import LogprobsReference
@@ -95,27 +95,15 @@ def passed_inputs(ctx: LogprobsContext, kw: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def _pick(result: object, key: object) -> object:
-    if isinstance(result, Mapping):
-        k = "logprobs" if key is None else key
-        if k not in result:
-            raise Verdict(f"the function returned a dict without key {k!r}; name it with loss=")
-        return result[k]
-    if isinstance(result, (tuple, list)) and result:
-        index = 0 if key is None else key
-        if not isinstance(index, int) or not -len(result) <= index < len(result):
-            raise Verdict(f"loss={key!r} does not index the returned {type(result).__name__}")
-        return result[index]
-    return result
-
-
 def call_logprobs(ctx: LogprobsContext, kw: Mapping[str, Any], *, grad: bool = True) -> Result:
     """Call the function on padded inputs ``kw`` in its layout; the result and gradient
     come back padded (packed: 0 beyond each sequence's length)."""
     given = passed_inputs(ctx, kw)
     if grad:
         given["logits"].requires_grad_(True)
-    out = _pick(call_guarded(ctx.fn, given, "a valid batch of logits"), ctx.options.loss)
+    out = pick_output(
+        call_guarded(ctx.fn, given, "a valid batch of logits"), ctx.options.loss, "logprobs"
+    )
     ids = given.get(ctx.ids_name, None)
     want = list(ids.shape) if ids is not None else list(given["logits"].shape[:-1])
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.calls import Verdict, on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
@@ -198,10 +198,8 @@ class LogprobsKind(Kind):
         scales: dict[str, EntryScale] = {}
         for name, batch in self.corpus(ctx).items():
             kw = batch.as_kwargs()
-            try:
+            with on_canonical_batch(name):
                 res = call_logprobs(ctx, kw)
-            except Verdict as exc:
-                raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
             assert res.grad is not None
             _, _, scale, grad_scale = reference_of(ctx, kw)
             mask = kw["response_mask"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.corpus import corpus_version
 from pytest_polgrad.core.engine import build_context
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
@@ -40,10 +40,8 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
     scales: dict[str, EntryScale] = {}
     for name, whole in corpus.items():
         batch = whole.as_kwargs()
-        try:
+        with on_canonical_batch(name):
             result = ctx.fut.call(batch, grad=True)
-        except Verdict as exc:
-            raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
         assert result.grad is not None
         ref = ctx.expected(batch)
         data[name] = {"loss": result.loss, "grad": result.grad}

@@ -42,7 +42,7 @@ from polgrad_reference import (
     SurrogateKind,
     Unstated,
 )
-from pytest_polgrad.core.calls import FunctionUnderTest, Verdict
+from pytest_polgrad.core.calls import FunctionUnderTest, Verdict, on_canonical_batch
 from pytest_polgrad.core.corpus import canonical_corpus
 from pytest_polgrad.core.snippets import config_source
 from pytest_polgrad.core.tolerance import KINK_ULPS, Tolerance, unit_roundoff
@@ -391,10 +391,8 @@ def _observe(
 ) -> dict[str, tuple[float, torch.Tensor]]:
     observed: dict[str, tuple[float, torch.Tensor]] = {}
     for name, batch in corpus.items():
-        try:
+        with on_canonical_batch(name):
             ev = fut.call(batch)
-        except Verdict as exc:
-            raise Verdict(f"on canonical batch {name!r}: {exc}") from exc
         assert ev.grad is not None
         observed[name] = (float(ev.loss), ev.grad.to(torch.float64))
     return observed
