@@ -443,7 +443,7 @@ def test_a_parametrized_function_is_imported_and_rebound(
 def test_a_device_snippet_moves_the_inputs_and_brings_the_gradient_back() -> None:
     """``device="cuda"`` (context built without touching CUDA: availability is checked
     at the first call): the snippet sends the function the same device tensors."""
-    from pytest_polgrad.core.snippets import snippet
+    from pytest_polgrad.kinds.policy_loss.snippet import snippet
     from pytest_polgrad.strategies import Batch
 
     ctx = build_context(L.dapo, parse_marker(("dapo",), {"device": "cuda"}))

@@ -10,9 +10,10 @@ import torch
 
 from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.saved_snippets import reproduce_lines
-from pytest_polgrad.core.snippets import config_source, snippet
+from pytest_polgrad.core.snippets import config_source
 from pytest_polgrad.core.verdicts import value_tables
 from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import explain, holds_on
+from pytest_polgrad.kinds.policy_loss.snippet import snippet
 
 if TYPE_CHECKING:
     from pytest_polgrad.kinds.policy_loss.checks import Check, Context
