@@ -18,12 +18,19 @@ decides one belongs in the canonical corpus, which every budget runs first.
 
 Run by hand (minutes to hours, CPU): ``python bench/budget_sweep.py`` (defaults: budgets
 5 20 100 300, seeds 0-4); ``--budgets 5 20 --seeds 0 1 --only gspo dapo`` for a subset.
+The work is done pass by pass (one budget and seed over every row, in ``--passes`` order:
+``"5:0-4 300:0 20:0-4"``), so a run cut short by ``--stop-at HH:MM`` (UTC; no pass is
+started on a row after it) still covers every row at the passes it reached. Split the
+rows over processes with ``--shard K/N`` and ``--out FILE`` (one JSON line per verdict),
+then ``--table FILE ...`` prints the merged table (a cell lists the seeds it holds).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib
+import json
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -74,14 +81,80 @@ def verdict(fn: Callable[..., Any], reference: Any, options: dict[str, Any], **r
     return head + (f" ({', '.join(failed)})" if failed else "")
 
 
+def parse_passes(text: str) -> list[tuple[int, int]]:
+    """``"5:0-4 300:0,2"`` -> ``[(5, 0), ..., (5, 4), (300, 0), (300, 2)]``."""
+    out: list[tuple[int, int]] = []
+    for item in text.split():
+        budget, _, seeds = item.partition(":")
+        for part in seeds.split(","):
+            lo, _, hi = part.partition("-")
+            out += [(int(budget), s) for s in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+def stop_time(text: str | None) -> datetime.datetime | None:
+    if text is None:
+        return None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    hour, minute = (int(x) for x in text.split(":"))
+    return now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+
+
+def table(records: list[dict[str, Any]], budgets: list[int]) -> tuple[list[str], int]:
+    """The markdown table of ``records`` (label, reference, budget, seed, verdict) and the
+    number of rows whose verdict differs between budgets or seeds."""
+    rows: dict[str, dict[str, Any]] = {}
+    for r in records:
+        row = rows.setdefault(r["label"], {"reference": r["reference"], "cells": {}})
+        row["cells"].setdefault(r["budget"], {}).setdefault(r["verdict"], []).append(r["seed"])
+    budgets = sorted(set(budgets) | {b for r in rows.values() for b in r["cells"]})
+    lines = [
+        f"| function | reference | {' | '.join(f'{b} examples' for b in budgets)} |",
+        "|---|---|" + "---|" * len(budgets),
+    ]
+    unstable: list[str] = []
+    for label, row in rows.items():
+        cells, seen = [], set()
+        for b in budgets:
+            found = row["cells"].get(b, {})
+            seen |= set(found)
+            cells.append(
+                " / ".join(f"{v} (seeds {_seeds(s)})" for v, s in sorted(found.items())) or "-"
+            )
+        lines.append(f"| {label} | {row['reference']} | {' | '.join(cells)} |")
+        if len(seen) > 1:
+            unstable.append(f"- {label}: {sorted(seen)}")
+    lines += ["", f"{len(rows)} rows; budget- or seed-dependent verdicts: {len(unstable)}"]
+    return lines + unstable, len(unstable)
+
+
+def _seeds(seeds: list[int]) -> str:
+    return ",".join(str(s) for s in sorted(set(seeds)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--budgets", type=int, nargs="+", default=[5, 20, 100, 300])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--passes", default=None, help='"BUDGET:SEEDS ...", e.g. "5:0-4 300:0"')
     parser.add_argument("--frameworks", action="store_true", help="the tier's adapters too")
     parser.add_argument("--no-registry", action="store_true")
     parser.add_argument("--only", nargs="*", default=None, help="rows whose label contains")
+    parser.add_argument("--shard", default="1/1", help="K/N: every N-th row from the K-th")
+    parser.add_argument("--stop-at", default=None, help="HH:MM UTC: start no cell after it")
+    parser.add_argument("--out", default=None, help="append one JSON line per verdict")
+    parser.add_argument("--table", nargs="+", default=None, help="print the table of --out files")
     args = parser.parse_args(argv)
+    if args.table:
+        merged = [json.loads(line) for f in args.table for line in Path(f).read_text().splitlines()]
+        lines, unstable = table(merged, [])
+        print("\n".join(lines))
+        return 1 if unstable else 0
+    passes = (
+        parse_passes(args.passes)
+        if args.passes
+        else [(b, s) for b in args.budgets for s in args.seeds]
+    )
     rows: list[Row] = []
     if not args.no_registry:
         rows += list(registry_rows())
@@ -89,28 +162,33 @@ def main(argv: list[str] | None = None) -> int:
         rows += list(framework_rows())
     if args.only:
         rows = [r for r in rows if any(s in r[0] for s in args.only)]
-    cols = [f"{b} x {len(args.seeds)} seeds" for b in args.budgets]
-    print(f"| function | reference | {' | '.join(cols)} |")
-    print("|---|---|" + "---|" * len(cols))
-    unstable: list[tuple[str, list[str]]] = []
+    k, n = (int(x) for x in args.shard.split("/"))
+    rows = rows[k - 1 :: n]
+    deadline = stop_time(args.stop_at)
+    out = open(args.out, "a") if args.out else None  # noqa: SIM115
+    records: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    for label, fn, reference, options in rows:
-        cells = []
-        seen: set[str] = set()
-        for budget in args.budgets:
-            found = {
-                verdict(fn, reference, options, max_examples=budget, seed=s) for s in args.seeds
-            }
-            seen |= found
-            cells.append(next(iter(found)) if len(found) == 1 else " / ".join(sorted(found)))
-        ref = reference if isinstance(reference, str) else type(reference).__name__
-        print(f"| {label} | {ref} | {' | '.join(cells)} |", flush=True)
-        if len(seen) > 1:
-            unstable.append((label, sorted(seen)))
-    print(f"\n{len(rows)} rows, {time.perf_counter() - t0:.0f} s")
-    print(f"budget- or seed-dependent verdicts: {len(unstable)}")
-    for label, verdicts in unstable:
-        print(f"- {label}: {verdicts}")
+    for budget, seed in passes:
+        if deadline is not None and datetime.datetime.now(datetime.timezone.utc) > deadline:
+            print(f"stopped at --stop-at {args.stop_at} before pass {budget} x seed {seed}")
+            break
+        for label, fn, reference, options in rows:
+            if deadline is not None and datetime.datetime.now(datetime.timezone.utc) > deadline:
+                print(f"stopped at --stop-at {args.stop_at} inside pass {budget} x seed {seed}")
+                break
+            v = verdict(fn, reference, options, max_examples=budget, seed=seed)
+            ref = reference if isinstance(reference, str) else type(reference).__name__
+            record = {"label": label, "reference": ref, "budget": budget, "seed": seed}
+            records.append({**record, "verdict": v})
+            if out is not None:
+                out.write(json.dumps(records[-1]) + "\n")
+                out.flush()
+        print(f"pass {budget} x seed {seed}: done at {time.perf_counter() - t0:.0f} s", flush=True)
+    if out is not None:
+        out.close()
+    lines, unstable = table(records, [b for b, _ in passes])
+    print("\n".join(lines))
+    print(f"{time.perf_counter() - t0:.0f} s")
     return 1 if unstable else 0
 
 
