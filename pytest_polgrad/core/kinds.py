@@ -202,6 +202,12 @@ class Kind:
         applicable :meth:`checks`)."""
         return None
 
+    def check_names(self) -> tuple[str, ...]:
+        """Every check the kind defines, applicable or not, in report order: the names a
+        marker may give before its config is resolved (the marker validates them at
+        construction); default none (they are validated at collection instead)."""
+        return ()
+
     def find_check(self, name: str, config: Any, options: ConformanceOptions) -> KindCheck:
         """The check ``name``: :meth:`check`, else the applicable one; ``ValueError``
         listing the applicable checks. The one lookup the engine and ``expect`` use."""

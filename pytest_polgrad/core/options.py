@@ -10,11 +10,10 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from pytest_polgrad.core.kinds import KINDS
+from pytest_polgrad.core.kinds import KINDS, get_kind
 
 __all__ = [
     "ADVANTAGE_SHAPES",
-    "CHECK_NAMES",
     "DISTRIBUTED",
     "DTYPES",
     "LAYOUTS",
@@ -28,21 +27,6 @@ __all__ = [
     "parse_marker",
     "validate_check_names",
 ]
-
-CHECK_NAMES = (
-    "value",
-    "gradient",
-    "masked-positions",
-    "padding-values",
-    "padding-columns",
-    "inputs-unchanged",
-    "deterministic",
-    "extreme-finite",
-    "micro-batch",
-    "on-policy",
-)
-"""Every check the engine knows, in report order (``golden`` is added by the snapshot
-extension)."""
 
 PROFILES: Mapping[str, int] = MappingProxyType({"quick": 20, "default": 100, "thorough": 1000})
 """Example budget per check for ``--polgrad-profile``."""
@@ -217,7 +201,7 @@ class ConformanceOptions:
         bounds: dict[str, float] = {}
         for check, declared in self.expect.items():
             if policy:
-                _known_check("expect", check)
+                _known_check("expect", check, _policy_check_names())
             reason, bound = _declaration(check, declared)
             reasons[check] = reason
             if bound is not None:
@@ -233,7 +217,7 @@ class ConformanceOptions:
             object.__setattr__(self, "checks", tuple(checks))
             for check in self.checks or ():
                 if policy or not isinstance(check, str):
-                    _known_check("checks", check)
+                    _known_check("checks", check, _policy_check_names())
         if policy:
             unknown = set(self.overrides) - _OVERRIDE_KEYS
             if unknown:
@@ -286,9 +270,15 @@ def _one_of(field: str, value: object, allowed: tuple[str, ...]) -> None:
         )
 
 
-def _known_check(
-    field: str, check: object, known: Iterable[str] = (*CHECK_NAMES, "golden")
-) -> None:
+def _policy_check_names() -> tuple[str, ...]:
+    """Every check of the policy-loss kind, in report order (:meth:`Kind.check_names
+    <pytest_polgrad.core.kinds.Kind.check_names>`: its entries in
+    ``kinds/policy_loss/checks.CHECKS``), and ``golden`` (the snapshot extension's). The
+    kind's module, and so torch, is imported only once a marker names a check."""
+    return (*get_kind("policy_loss").check_names(), "golden")
+
+
+def _known_check(field: str, check: object, known: Iterable[str]) -> None:
     names = tuple(known)
     if check not in names:
         raise MarkerError(
@@ -311,8 +301,6 @@ def override_keys(kind: str) -> frozenset[str]:
     module for kinds other than the policy loss)."""
     if kind == "policy_loss":
         return _OVERRIDE_KEYS
-    from pytest_polgrad.core.kinds import get_kind
-
     try:
         return frozenset(get_kind(kind).override_keys)
     except ImportError as exc:

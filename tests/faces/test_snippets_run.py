@@ -443,6 +443,7 @@ def test_a_parametrized_function_is_imported_and_rebound(
 def test_a_device_snippet_moves_the_inputs_and_brings_the_gradient_back() -> None:
     """``device="cuda"`` (context built without touching CUDA: availability is checked
     at the first call): the snippet sends the function the same device tensors."""
+    from pytest_polgrad.kinds.policy_loss.checks import CHECKS
     from pytest_polgrad.kinds.policy_loss.snippet import snippet
     from pytest_polgrad.strategies import Batch
 
@@ -453,6 +454,6 @@ def test_a_device_snippet_moves_the_inputs_and_brings_the_gradient_back() -> Non
         advantages=torch.tensor([1.0], dtype=torch.float64),
         response_mask=torch.tensor([[True, False]]),
     )
-    code = snippet(ctx, batch, "value")
+    code = snippet(ctx, batch, CHECKS["value"])
     assert "kw[param] = t.to('cuda')" in code and "grad = grad.cpu()" in code
     compile(code, "snippet", "exec")

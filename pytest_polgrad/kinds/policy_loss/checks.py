@@ -27,6 +27,7 @@ from pytest_polgrad.core.kinds import SHARED_CALLS, CallStore, remember
 from pytest_polgrad.core.options import ConformanceOptions
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
 from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.kinds.policy_loss import snippet
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 
 __all__ = ["CHECKS", "Check", "Context"]
@@ -122,8 +123,16 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One named property. ``domain`` picks the batches; ``applies`` says whether the check
-    is meaningful for a reference config (inapplicable checks generate no item)."""
+    """One named property, with everything known about it: adding a check is adding one
+    entry to :data:`CHECKS` (and a case to ``tests/kinds/policy_loss/test_checks.py``).
+
+    ``domain`` picks the batches; ``on_policy`` runs it on batches with ``old_logprobs =
+    logprobs`` against REINFORCE; ``applies`` says whether the check is meaningful for a
+    reference config and options (inapplicable checks generate no item); ``semantic``
+    says a failure means 'computes other semantics', so the report runs a diagnosis;
+    ``lines`` are its reproduction snippet's lines after the call of the function
+    (:mod:`pytest_polgrad.kinds.policy_loss.snippet`; default: compare with the
+    reference)."""
 
     name: str
     summary: str
@@ -131,6 +140,8 @@ class Check:
     domain: str = "semantic"
     on_policy: bool = False
     applies: Callable[[PolicyLossConfig, ConformanceOptions], bool] = lambda cfg, opt: True
+    semantic: bool = False
+    lines: Callable[[Context], list[str]] = snippet.reference_compare
 
 
 def _fmt(x: float) -> str:
@@ -662,8 +673,18 @@ def check_on_policy(ctx: Context, batch: Batch) -> float:
 CHECKS: dict[str, Check] = {
     c.name: c
     for c in (
-        Check("value", "the loss equals the float64 reference", _tracked(check_value)),
-        Check("gradient", "d loss / d logprobs equals the reference's", _tracked(check_gradient)),
+        Check(
+            "value",
+            "the loss equals the float64 reference",
+            _tracked(check_value),
+            semantic=True,
+        ),
+        Check(
+            "gradient",
+            "d loss / d logprobs equals the reference's",
+            _tracked(check_gradient),
+            semantic=True,
+        ),
         Check(
             "masked-positions",
             "the gradient is exactly zero at every padding position",
@@ -673,34 +694,42 @@ CHECKS: dict[str, Check] = {
             "padding-values",
             "loss and gradient do not depend on the values at padding",
             _tracked(check_padding_values),
+            lines=snippet.padding_values_lines,
         ),
         Check(
             "padding-columns",
             "loss and gradient do not change when padding columns are appended",
             _tracked(check_padding_columns),
             applies=lambda cfg, opt: opt.layout != "packed",
+            semantic=True,
+            lines=snippet.padding_columns_lines,
         ),
         Check(
             "inputs-unchanged",
             "no input tensor is modified (values compared, padding included)",
             _tracked(check_inputs_unchanged),
+            lines=snippet.inputs_unchanged_lines,
         ),
         Check(
             "deterministic",
             "two calls on the same batch agree bitwise",
             _tracked(check_deterministic),
+            lines=snippet.deterministic_lines,
         ),
         Check(
             "extreme-finite",
             "loss and gradient are finite on valid extreme-domain input",
             _tracked(check_extreme_finite),
             domain="extreme",
+            lines=snippet.extreme_finite_lines,
         ),
         Check(
             "micro-batch",
             "accumulating one-row micro-batch losses gives the full-batch loss and gradient",
             _tracked(check_micro_batch),
             applies=_decomposable,
+            semantic=True,
+            lines=snippet.micro_batch_lines,
         ),
         Check(
             "on-policy",
@@ -708,6 +737,9 @@ CHECKS: dict[str, Check] = {
             _tracked(check_on_policy),
             on_policy=True,
             applies=_ratio_based,
+            semantic=True,
+            lines=snippet.on_policy_lines,
         ),
     )
 }
+"""Every check of the policy-loss kind, by name, in report order."""

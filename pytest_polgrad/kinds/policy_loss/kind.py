@@ -32,12 +32,7 @@ from pytest_polgrad.kinds.policy_loss.checks import CHECKS, Check, Context
 from pytest_polgrad.kinds.policy_loss.corpus import corpus_batches
 from pytest_polgrad.kinds.policy_loss.golden import golden_data
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
-from pytest_polgrad.kinds.policy_loss.report import (
-    SEMANTIC_CHECKS,
-    diagnosis_line,
-    failure_report,
-    snippet,
-)
+from pytest_polgrad.kinds.policy_loss.report import diagnosis_line, failure_report, snippet
 from pytest_polgrad.strategies import EXTREME, Batch, BatchPlan, batches, build_many
 from pytest_polgrad.strategies._domain import DOMAINS, boundaries
 from pytest_polgrad.strategies._plan import AdvantagePlan, RefPlan, RolloutPlan, ValuePlan
@@ -164,7 +159,7 @@ def _wrap(check: Check) -> KindCheck:
         summary=check.summary,
         run=check.run,
         domain=check.domain,
-        semantic=check.name in SEMANTIC_CHECKS,
+        semantic=check.semantic,
         prepare=_on_policy if check.on_policy else None,
     )
 
@@ -194,6 +189,9 @@ class PolicyLossKind(Kind):
     def check(self, name: str) -> KindCheck | None:
         """Any check by name, applicable or not (``None`` when unknown)."""
         return _wrap(CHECKS[name]) if name in CHECKS else None
+
+    def check_names(self) -> tuple[str, ...]:
+        return tuple(CHECKS)
 
     def context(
         self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
@@ -280,7 +278,7 @@ class PolicyLossKind(Kind):
         return Diagnosis(text, match)
 
     def snippet(self, ctx: Any, inputs: Any, check: KindCheck) -> str:
-        return snippet(ctx, inputs, check.name)
+        return snippet(ctx, inputs, CHECKS[check.name])
 
     def report(
         self,
@@ -291,7 +289,14 @@ class PolicyLossKind(Kind):
         replay: str,
         diagnose: bool,
     ) -> tuple[str, str, str]:
-        return failure_report(ctx, check, exc, inputs, replay, diagnose=diagnose)  # type: ignore[arg-type]
+        return failure_report(
+            ctx,
+            CHECKS[check.name],
+            exc,  # type: ignore[arg-type]
+            inputs,
+            replay,
+            diagnose=diagnose,
+        )
 
     def golden(self, ctx: Any) -> Any:
         return golden_data(ctx.fut.fn, ctx.options)

@@ -20,9 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["config_source", "failure_report", "snippet"]
 
-SEMANTIC_CHECKS = frozenset({"value", "gradient", "on-policy", "padding-columns", "micro-batch"})
-"""Checks whose failure means 'computes other semantics', so a diagnosis is worth running."""
-
 
 def _batch_line(batch: Any) -> str:
     mask = batch.as_kwargs()["response_mask"]
@@ -53,7 +50,7 @@ def failure_report(
         out.append(f"  batch      {_batch_line(batch)} (the smallest Hypothesis found)")
     out += value_tables(exc, "position (b, t)")
     diagnosis = summary = ""
-    if diagnose and check.name in SEMANTIC_CHECKS and not isinstance(exc, Verdict):
+    if diagnose and check.semantic and not isinstance(exc, Verdict):
         diagnosis, summary = diagnosis_line(ctx)
         if batch is not None:
             elsewhere = _on_failing_batch(ctx, batch.as_kwargs())
@@ -74,7 +71,7 @@ def failure_report(
         out += ["", "  notes"] + [f"    - {n}" for n in sorted(ctx.notes)]
     if batch is not None:  # the snippet's first comment says how to run it, as every kind's
         out.append("")  # flush left: saved as printed, it runs
-        out += reproduce_lines(snippet(ctx, batch, check.name), name, check.name)
+        out += reproduce_lines(snippet(ctx, batch, check), name, check.name)
     if replay:
         out += ["", f"  replay     {replay}"]
     return "\n".join(out), diagnosis, summary

@@ -20,9 +20,19 @@ from pytest_polgrad.core.snippets import (
 )
 
 if TYPE_CHECKING:
-    from pytest_polgrad.kinds.policy_loss.checks import Context
+    from pytest_polgrad.kinds.policy_loss.checks import Check, Context
 
-__all__ = ["snippet"]
+__all__ = [
+    "deterministic_lines",
+    "extreme_finite_lines",
+    "inputs_unchanged_lines",
+    "micro_batch_lines",
+    "on_policy_lines",
+    "padding_columns_lines",
+    "padding_values_lines",
+    "reference_compare",
+    "snippet",
+]
 
 
 def _header(cfg: Any, where: Importable) -> list[str]:
@@ -98,7 +108,7 @@ def _pick_line(ctx: Context) -> str:
     )
 
 
-def _reference_lines(ctx: Context, check: str) -> list[str]:
+def _reference_lines(ctx: Context) -> list[str]:
     needs = ctx.oracle.needs
     lines = [
         "",
@@ -138,90 +148,114 @@ def _self_compare(label: str) -> list[str]:
     ]
 
 
-def _check_lines(ctx: Context, check: str) -> list[str]:
-    """What ``check`` did with the batch, then what it compared."""
-    lines = ["", "loss, grad, passed, before = run(inputs)"]
-    if check == "padding-values":
-        nan = ctx.options.padding_nan
-        fill = "torch.full_like(t, float('nan'))" if nan else "noise"
-        lines += [
-            "# the check: the same batch with other values at padding (seed 1234)",
-            "g = torch.Generator().manual_seed(1234)",
-            "other = dict(inputs)",
-            "for name, t in inputs.items():",
-            "    if t.is_floating_point() and t.dim() == 2:",
-            "        noise = torch.rand(t.shape, generator=g, dtype=torch.float64) * -20",
-            "        noise = noise.to(t.dtype)",
-            f"        other[name] = torch.where(inputs['response_mask'], t, {fill})",
-            "loss2, grad2, _, _ = run(other)",
-            *_self_compare("other padding values"),
-        ]
-    elif check == "padding-columns":
-        lines += [
-            "# the check: the same batch with T + 3 padding columns appended",
-            "extra = inputs['response_mask'].shape[1] + 3",
-            "wide = {}",
-            "for name, t in inputs.items():",
-            "    if t.dim() != 2:",
-            "        wide[name] = t",
-            "    else:",
-            "        fill = False if t.dtype == torch.bool else -7.0",
-            "        pad = torch.full((t.shape[0], extra), fill, dtype=t.dtype)",
-            "        wide[name] = torch.cat([t, pad], dim=1)",
-            "loss2, grad2, _, _ = run(wide)",
-            *_self_compare("with padding columns"),
-        ]
-    elif check == "micro-batch":
-        total = "sum" if ctx.config.aggregation is Aggregation.TOKEN_SUM else "mean"
-        scale = "1.0" if total == "sum" else "1.0 / rows"
-        lines += [
-            f"# the check: one-row micro-batches, losses accumulated in float64 ({total})",
-            "rows = inputs['response_mask'].shape[0]",
-            f"scale = {scale}",
-            "total, parts = 0.0, []",
-            "for b in range(rows):",
-            "    part_loss, part_grad, _, _ = run({k: v[b : b + 1] for k, v in inputs.items()})",
-            "    total += part_loss.item() * scale",
-            "    parts.append(part_grad.double() * scale)",
-            "loss2, grad2 = torch.tensor(total, dtype=torch.float64), torch.cat(parts)",
-            *_self_compare("accumulated micro-batches"),
-        ]
-    elif check == "deterministic":
-        lines += [
-            "loss2, grad2, _, _ = run(inputs)",
-            "print('same loss twice:', torch.equal(loss, loss2),",
-            "      ' same gradient twice:', torch.equal(grad.nan_to_num(), grad2.nan_to_num()))",
-        ]
-    elif check == "inputs-unchanged":
-        lines += [
-            "changed = [k for k, v in before.items()",
-            "           if not torch.equal(v.nan_to_num(), passed[k].detach().nan_to_num())]",
-            "print('inputs modified in place:', changed)",
-        ]
-    elif check == "extreme-finite":
-        lines += [
-            "print('loss finite:', bool(torch.isfinite(loss)),",
-            "      ' non-finite gradient entries:', int((~torch.isfinite(grad)).sum()))",
-        ]
-    if check in ("padding-values", "padding-columns", "micro-batch", "deterministic"):
-        return lines
-    compare = _COMPARE
-    if check == "on-policy":  # only the gradients are compared: REINFORCE's loss is not
-        compare = [
-            "print('loss (not compared: the check compares gradients only):', loss.item())",
-            *_COMPARE[1:],
-        ]
-    lines += ["expected, expected_grad = reference(inputs)", *compare]
-    return lines
+def reference_compare(ctx: Context) -> list[str]:
+    """The lines of a check that compares the function's loss and gradient with the
+    reference's (value, gradient, masked positions; the default of a :class:`Check`)."""
+    return ["expected, expected_grad = reference(inputs)", *_COMPARE]
 
 
-def snippet(ctx: Context, batch: Any, check: str = "value") -> str:
+def padding_values_lines(ctx: Context) -> list[str]:
+    """padding-values: the same batch with other values (NaN with ``padding_nan``) at
+    padding, seed 1234, against the original."""
+    fill = "torch.full_like(t, float('nan'))" if ctx.options.padding_nan else "noise"
+    return [
+        "# the check: the same batch with other values at padding (seed 1234)",
+        "g = torch.Generator().manual_seed(1234)",
+        "other = dict(inputs)",
+        "for name, t in inputs.items():",
+        "    if t.is_floating_point() and t.dim() == 2:",
+        "        noise = torch.rand(t.shape, generator=g, dtype=torch.float64) * -20",
+        "        noise = noise.to(t.dtype)",
+        f"        other[name] = torch.where(inputs['response_mask'], t, {fill})",
+        "loss2, grad2, _, _ = run(other)",
+        *_self_compare("other padding values"),
+    ]
+
+
+def padding_columns_lines(ctx: Context) -> list[str]:
+    """padding-columns: the same batch with ``T + 3`` padding columns appended."""
+    return [
+        "# the check: the same batch with T + 3 padding columns appended",
+        "extra = inputs['response_mask'].shape[1] + 3",
+        "wide = {}",
+        "for name, t in inputs.items():",
+        "    if t.dim() != 2:",
+        "        wide[name] = t",
+        "    else:",
+        "        fill = False if t.dtype == torch.bool else -7.0",
+        "        pad = torch.full((t.shape[0], extra), fill, dtype=t.dtype)",
+        "        wide[name] = torch.cat([t, pad], dim=1)",
+        "loss2, grad2, _, _ = run(wide)",
+        *_self_compare("with padding columns"),
+    ]
+
+
+def micro_batch_lines(ctx: Context) -> list[str]:
+    """micro-batch: one-row micro-batches, losses accumulated in float64 with the
+    aggregation's scaling (sum for token-sum, else mean)."""
+    total = "sum" if ctx.config.aggregation is Aggregation.TOKEN_SUM else "mean"
+    scale = "1.0" if total == "sum" else "1.0 / rows"
+    return [
+        f"# the check: one-row micro-batches, losses accumulated in float64 ({total})",
+        "rows = inputs['response_mask'].shape[0]",
+        f"scale = {scale}",
+        "total, parts = 0.0, []",
+        "for b in range(rows):",
+        "    part_loss, part_grad, _, _ = run({k: v[b : b + 1] for k, v in inputs.items()})",
+        "    total += part_loss.item() * scale",
+        "    parts.append(part_grad.double() * scale)",
+        "loss2, grad2 = torch.tensor(total, dtype=torch.float64), torch.cat(parts)",
+        *_self_compare("accumulated micro-batches"),
+    ]
+
+
+def deterministic_lines(ctx: Context) -> list[str]:
+    """deterministic: a second call on the same batch, compared bitwise."""
+    return [
+        "loss2, grad2, _, _ = run(inputs)",
+        "print('same loss twice:', torch.equal(loss, loss2),",
+        "      ' same gradient twice:', torch.equal(grad.nan_to_num(), grad2.nan_to_num()))",
+    ]
+
+
+def inputs_unchanged_lines(ctx: Context) -> list[str]:
+    """inputs-unchanged: the inputs as passed against the copies taken before the call."""
+    return [
+        "changed = [k for k, v in before.items()",
+        "           if not torch.equal(v.nan_to_num(), passed[k].detach().nan_to_num())]",
+        "print('inputs modified in place:', changed)",
+        *reference_compare(ctx),
+    ]
+
+
+def extreme_finite_lines(ctx: Context) -> list[str]:
+    """extreme-finite: whether the loss and every gradient entry are finite."""
+    return [
+        "print('loss finite:', bool(torch.isfinite(loss)),",
+        "      ' non-finite gradient entries:', int((~torch.isfinite(grad)).sum()))",
+        *reference_compare(ctx),
+    ]
+
+
+def on_policy_lines(ctx: Context) -> list[str]:
+    """on-policy: only the gradients are compared (the snippet's reference is REINFORCE,
+    whose loss is not the function's)."""
+    return [
+        "expected, expected_grad = reference(inputs)",
+        "print('loss (not compared: the check compares gradients only):', loss.item())",
+        *_COMPARE[1:],
+    ]
+
+
+def snippet(ctx: Context, batch: Any, check: Check) -> str:
     """Standalone Python reproducing what ``check`` did on ``batch`` (see the module
-    docstring), opening, as every kind's snippet does (:func:`kind_snippet`), with a
-    comment saying how to run it (:func:`how_to_run`)."""
+    docstring): its call, then its own lines (:attr:`Check.lines
+    <pytest_polgrad.kinds.policy_loss.checks.Check.lines>`); opening, as every kind's
+    snippet does, with a comment saying how to run it (:func:`how_to_run`). An on-policy
+    check's reference is REINFORCE's config."""
     where = importable(ctx.fut.fn, getattr(ctx, "name", ""))
     cfg = ctx.config
-    if check == "on-policy":
+    if check.on_policy:
         cfg = cfg.replace(surrogate=SurrogateKind.REINFORCE, ratio=RatioKind.TOKEN)
     lines = [f"# pytest-polgrad reproduction: {how_to_run(where)}", *_header(cfg, where)]
     if ctx.options.layout != "right":
@@ -229,11 +263,11 @@ def snippet(ctx: Context, batch: Any, check: str = "value") -> str:
             "from pytest_polgrad.strategies import left_to_right, pack, right_to_left, "
             "row_extents, unpack"
         )
-    comment = "  # on-policy: the expected gradient is REINFORCE's" if check == "on-policy" else ""
+    comment = "  # on-policy: the expected gradient is REINFORCE's" if check.on_policy else ""
     lines += ["", f"config = {config_source(cfg)}{comment}"]
     built = [ln for ln in batch.to_snippet().rstrip().splitlines() if ln != "import torch"]
     lines += ["", *built]
     lines += _runner(ctx, where)
-    lines += _reference_lines(ctx, check)
-    lines += _check_lines(ctx, check)
+    lines += _reference_lines(ctx)
+    lines += ["", "loss, grad, passed, before = run(inputs)", *check.lines(ctx)]
     return "\n".join(lines) + "\n"

@@ -76,6 +76,22 @@ def test_check_catches_the_wrong_loss(check: str, reference: str, correct: Any, 
     assert "replay     pytest ..." in result.report
 
 
+def test_a_check_is_one_entry_of_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: the marker's check names, the report's diagnosis and the snippet's lines
+    all come from the :class:`Check` itself. An entry added to ``CHECKS`` alone is a name
+    the marker accepts (in report order), and a misspelt one is refused listing it."""
+    from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+    from pytest_polgrad.kinds.policy_loss import checks
+
+    extra = checks.Check("my-check", "a property", lambda ctx, batch: 0.0)
+    monkeypatch.setitem(checks.CHECKS, "my-check", extra)
+    assert ConformanceOptions("dapo", checks=("my-check",)).checks == ("my-check",)
+    with pytest.raises(MarkerError, match=r"did you mean 'my-check'.*on-policy, my-check, golden"):
+        ConformanceOptions("dapo", expect={"my-chek": "r"})
+    semantic = {c.name for c in checks.CHECKS.values() if c.semantic}
+    assert semantic == {"value", "gradient", "on-policy", "padding-columns", "micro-batch"}
+
+
 def test_applicability_follows_the_config() -> None:
     grpo = parse_marker(("grpo",), {})
     dapo = parse_marker(("dapo",), {})
