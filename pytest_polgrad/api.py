@@ -54,6 +54,25 @@ class ConformanceReport:
         return [r for r in self.results if r.passed and r.check in self.expected]
 
     @property
+    def seconds(self) -> float:
+        """Wall time of every check, in all."""
+        return sum(r.seconds for r in self.results)
+
+    @property
+    def function_seconds(self) -> float:
+        """Of :attr:`seconds`, the function's own calls (the rest is the kit's)."""
+        return sum(r.function_seconds for r in self.results)
+
+    def timing(self) -> str:
+        """The summary's time row: the whole, the function's own calls, the kit's share, so
+        a slow run is blamed on the right party (issue 32)."""
+        total, own = self.seconds, self.function_seconds
+        return (
+            f"  {'time':<18} {total:.3f} s: the function's own calls {own:.3f} s, "
+            f"the kit {total - own:.3f} s"
+        )
+
+    @property
     def ok(self) -> bool:
         return not self.unexpected_failures and not self.stale_expectations
 
@@ -86,12 +105,14 @@ class ConformanceReport:
         return f"({r.examples} examples, worst {r.worst:.3g} tol)"
 
     def summary(self) -> str:
-        """One row per check: its status, then what happened (:meth:`_counts`)."""
+        """One row per check: its status, then what happened (:meth:`_counts`); then the
+        time row (:meth:`timing`) and the notes of passing checks."""
         from pytest_polgrad.pytest.notes import passing_notes
 
         lines = [f"{self.function} against {self.reference!r} ({self.kind}):"]
         for r in self.results:
             lines.append(f"  {r.check:<18} {self._status(r)}  {self._counts(r)}".rstrip())
+        lines.append(self.timing())
         notes = passing_notes([(self.function, list(r.notes)) for r in self.results if r.passed])
         if notes:
             lines += ["  notes:", *(f"    {n.removeprefix(self.function + ': ')}" for n in notes)]

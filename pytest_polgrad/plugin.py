@@ -267,6 +267,8 @@ def _entry(target: Target, check: str, fields: dict[str, Any] | None = None) -> 
         "examples": 0,
         "match": "",
         "diagnosis": "",
+        "seconds": None,  # the check's time and the function's own share (core/clock.py)
+        "function_seconds": None,
         **(fields or {}),
         "function": target.label,
     }
@@ -492,6 +494,14 @@ class Reporter:
         tr.write_line(fmt.format(*header, "diagnosis"))
         for row in rows:
             tr.write_line(fmt.format(*row))
+        timed = [r for r in self.results if isinstance(r.get("seconds"), (int, float))]
+        if timed:  # the functions' own calls apart from the kit's work (core/clock.py)
+            total = sum(float(r["seconds"]) for r in timed)
+            own = sum(float(r.get("function_seconds") or 0.0) for r in timed)
+            tr.write_line(
+                f"time in checks {total:.2f} s: the functions' own calls {own:.2f} s, the kit "
+                f"{total - own:.2f} s (each check's: --polgrad-report)"
+            )
         passed = [(str(r["function"]), list(r.get("notes") or ())) for r in self.results
                   if r.get("status") == "passed"]  # fmt: skip
         notes = passing_notes(passed)

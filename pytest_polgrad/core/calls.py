@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.strategies import left_to_right, pack, right_to_left, row_extents, unpack
 
@@ -107,7 +108,8 @@ def guarded_call(
     :class:`Verdict` naming it (``what`` says on which input). ``KeyboardInterrupt`` and
     pytest's own outcomes (skip, fail, exit: ``BaseException`` subclasses) propagate."""
     try:
-        return fn(**kwargs)
+        with charged():  # the function's own time (core/clock.py)
+            return fn(**kwargs)
     except Exception as exc:  # the function's own error is the finding
         frames = traceback.format_exception_only(type(exc), exc)
         text = "".join(frames).strip()
@@ -392,7 +394,8 @@ class FunctionUnderTest:
                     "detached, computed with torch.no_grad(), or does not use logprobs)"
                 )
             try:
-                (g,) = torch.autograd.grad(loss, inputs["logprobs"], allow_unused=True)
+                with charged():  # the backward through the function's graph is its own
+                    (g,) = torch.autograd.grad(loss, inputs["logprobs"], allow_unused=True)
             except Exception as exc:  # incl. a custom autograd.Function's own error
                 raise Verdict(f"backward through the returned loss failed: {exc}") from exc
             except SystemExit as exc:

@@ -19,10 +19,12 @@ import contextlib
 import dataclasses
 import hashlib
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
+from pytest_polgrad.core.clock import spent
 from pytest_polgrad.core.kinds import (
     SHARED_CALLS,
     CallStore,
@@ -71,6 +73,12 @@ class CheckResult:
     """Short form of the diagnosis, for the summary table."""
     notes: tuple[str, ...] = ()
     kind: str = "policy_loss"
+    seconds: float = dataclasses.field(default=0.0, compare=False)
+    """Wall time of the check, search, shrinking, diagnosis and report included."""
+    function_seconds: float = dataclasses.field(default=0.0, compare=False)
+    """Of ``seconds``, the function's own calls (forward, and the backward through the
+    loss it returned, where the kind takes one: :mod:`pytest_polgrad.core.clock`); the
+    rest is the kit's. A call shared between checks counts for the check that made it."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain JSON-compatible data (a non-finite ``worst`` becomes the string "inf")."""
@@ -238,7 +246,7 @@ class _Found:
 
 def _failures() -> tuple[type[BaseException], ...]:
     # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.core.verdicts import Verdict
 
     return (CheckFailure, Verdict)
 
@@ -345,7 +353,10 @@ def run_check(
     Every corpus input and every pooled input runs (``examples`` counts them); on the
     first failure Hypothesis searches and shrinks with the pool's seed. A failure that
     does not happen again on the same input is the verdict :data:`NON_DETERMINISTIC`.
+    ``seconds`` and ``function_seconds`` say how long it took and how much of that the
+    function's own calls took.
     """
+    start, charged = time.perf_counter(), spent()
     kind = kind_of(ctx.options)
     check = check_of(kind, ctx, check_name)
     seed = derive_seed(base_seed, kind.name, kind.pool_key(ctx, check))
@@ -372,11 +383,11 @@ def run_check(
         kind=kind.name,
     )
     if found is None:
-        return dataclasses.replace(result, notes=tuple(sorted(ctx.notes)))
+        return _timed(dataclasses.replace(result, notes=tuple(sorted(ctx.notes))), start, charged)
     found, searched = _refine(kind, ctx, check, found, seed, max_examples)
     report, diagnosis, match = _report(kind, ctx, check, found, replay, diagnose=diagnose)
     exc = found.exc
-    return dataclasses.replace(
+    failed = dataclasses.replace(
         result,
         examples=examples + searched,
         worst=max(ctx.worst, float(getattr(exc, "error", math.inf))),
@@ -386,6 +397,14 @@ def run_check(
         match=match,
         notes=tuple(sorted(ctx.notes)),
     )
+    return _timed(failed, start, charged)
+
+
+def _timed(result: CheckResult, start: float, charged: float) -> CheckResult:
+    """``result`` with the time since ``start`` and the function's share of it."""
+    total = time.perf_counter() - start
+    own = min(spent() - charged, total)
+    return dataclasses.replace(result, seconds=total, function_seconds=own)
 
 
 def _refine(
@@ -441,7 +460,7 @@ def _refine(
 
 def _non_deterministic(found: _Found) -> _Found:
     # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.core.verdicts import Verdict
 
     verdict = Verdict(
         f"{NON_DETERMINISTIC} (first: {found.exc}; then it passed, or Hypothesis saw the "
@@ -480,7 +499,7 @@ def _generic_report(
 ) -> tuple[str, str, str]:
     """A report from the contract alone: property, verdict, numbers, diagnosis, snippet."""
     # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.core.verdicts import Verdict
 
     exc = found.exc
     label = "verdict" if isinstance(exc, Verdict) else "finding"
