@@ -34,9 +34,18 @@ PROFILES: Mapping[str, int] = MappingProxyType({"quick": 20, "default": 100, "th
 DTYPES = ("float64", "float32", "bfloat16", "float16")
 LAYOUTS = ("right", "left", "packed")
 ADVANTAGE_SHAPES = ("sequence", "token")
-MAX_TOLERANCE = 1e6
-"""Largest ``tolerance=`` multiplier: beyond it a check could no longer tell a loss from a
-loss several times larger (the default tolerance is already a few hundred ulps)."""
+MAX_TOLERANCE = 1e3
+"""Largest ``tolerance=`` multiplier for float64 and float32 inputs: a loss 1.5x the
+reference passes ``value`` from about 4e4 and 2x from about 9e4 (float64 inputs; float32
+ones 1.2e5 / 2.3e5), so at 1e3 every multiple of 1.5 or more still fails with a margin of
+40 (``tests/core/test_tolerance_cap.py``)."""
+MAX_HALF_TOLERANCE = 1.0
+"""Largest ``tolerance=`` for half-precision inputs: at bfloat16 tolerance (``K u = 12.5%``
+of the scale) a 1.5x loss passes ``value`` from a multiplier of about 1.8, and even
+``strict=True`` adds one bfloat16 rounding of the result (``u = 2^-8`` per unit of scale),
+so the default is already about the widest that tells a loss from 1.5x it."""
+_MAX_ERROR = 1e6
+"""Largest ``max_error`` of an ``expect=`` declaration, in tolerances."""
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 DISTRIBUTED = ("ddp", "fsdp")
 """``distributed=`` wraps of the training-step kind's real process group (None: simulated)."""
@@ -175,15 +184,18 @@ class ConformanceOptions:
         if self.loss is not None and not isinstance(self.loss, (str, int)):
             raise MarkerError(f"loss must be a key (str) or index (int), got {self.loss!r}")
         tol = self.tolerance
+        half = self.dtype in ("bfloat16", "float16")
+        cap = MAX_HALF_TOLERANCE if half else MAX_TOLERANCE
         if (
             isinstance(tol, bool)
             or not isinstance(tol, (int, float))
             or not math.isfinite(tol)
-            or not 0 < tol <= MAX_TOLERANCE
+            or not 0 < tol <= cap
         ):
+            where = f" for dtype={self.dtype!r}" if half else ""
             raise MarkerError(
-                f"tolerance must be a multiplier in (0, {MAX_TOLERANCE:g}] of the default "
-                f"tolerance (a larger one cannot tell a loss from a multiple of it), got {tol!r}"
+                f"tolerance must be a multiplier in (0, {cap:g}] of the default tolerance"
+                f"{where} (a larger one cannot tell a loss from 1.5x it), got {tol!r}"
             )
         for flag in ("strict", "padding_nan", "holes"):
             if not isinstance(getattr(self, flag), bool):
@@ -251,11 +263,11 @@ def _declaration(check: object, declared: object) -> tuple[str, float | None]:
             isinstance(bound, bool)
             or not isinstance(bound, (int, float))
             or not math.isfinite(bound)
-            or not 0 < bound <= MAX_TOLERANCE
+            or not 0 < bound <= _MAX_ERROR
         ):
             raise MarkerError(
                 f"expect[{check!r}] max_error must be a number of tolerances in "
-                f"(0, {MAX_TOLERANCE:g}], got {bound!r}"
+                f"(0, {_MAX_ERROR:g}], got {bound!r}"
             )
     if not isinstance(reason, str) or not reason.strip():
         raise MarkerError(f"expect[{check!r}] must be a non-empty reason string, got {reason!r}")
