@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.core.verdicts import Verdict
 
     def fail(message: str, code: int = 2) -> int:
         print(f"{PROG} which: {message}", file=sys.stderr)

@@ -22,6 +22,7 @@ import torch
 
 from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.strategies import left_to_right, pack, right_to_left, row_extents, unpack
 
 __all__ = [
@@ -31,7 +32,6 @@ __all__ = [
     "Evaluation",
     "FunctionUnderTest",
     "SignatureError",
-    "Verdict",
     "guarded_call",
     "on_canonical_batch",
     "resolve_parameters",
@@ -73,11 +73,6 @@ _REFUSED = {
     "attention_mask": "in the Hugging Face convention it covers the prompt tokens too; "
     "name the parameter response_mask (True at response tokens only)",
 }
-
-
-class Verdict(AssertionError):
-    """The function under test did something no check can compare: raised, returned a
-    non-scalar / integer / non-tensor, or a loss not differentiable in ``logprobs``."""
 
 
 @contextlib.contextmanager

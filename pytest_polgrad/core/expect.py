@@ -99,7 +99,7 @@ def measure(ctx: Any, check_name: str) -> tuple[float, str]:
     """Run ``check_name`` on every canonical corpus input: ``(worst error, verdict)``
     where ``verdict`` names the first input on which the function misbehaved ("" if none)."""
     # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.calls import Verdict
+    from pytest_polgrad.core.verdicts import Verdict
 
     kind = kind_of(ctx.options)
     check = check_of(kind, ctx, check_name)

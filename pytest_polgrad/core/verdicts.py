@@ -1,5 +1,6 @@
 """What a check can end in, for every kind: a :class:`CheckFailure` (a property does not
-hold; the report shows its numbers), and how reports of one verdict are shown once."""
+hold; the report shows its numbers) or a :class:`Verdict` (the function did something no
+check can compare), and how reports of one verdict are shown once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CheckFailure", "repeated_verdict", "value_tables", "verdict_key"]
+__all__ = ["CheckFailure", "Verdict", "repeated_verdict", "value_tables", "verdict_key"]
+
+
+class Verdict(AssertionError):
+    """The function under test did something no check can compare: raised, returned a
+    non-scalar / integer / non-tensor, or a loss not differentiable in ``logprobs``."""
 
 
 class CheckFailure(AssertionError):

@@ -12,12 +12,11 @@ from typing import Any, TypeVar
 import torch
 
 from polgrad_reference.config import Aggregation
-from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.calls import guarded_call as call_guarded  # one safe call for every kind
 from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.strategies._snippet import snippet
 
 __all__ = [

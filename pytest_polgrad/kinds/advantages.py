@@ -28,7 +28,7 @@ from polgrad_reference.advantages import (
     Whitening,
     token_level_rewards,
 )
-from pytest_polgrad.core.calls import Verdict, on_canonical_batch
+from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
@@ -39,7 +39,7 @@ from pytest_polgrad.core.snippets import (
     kind_snippet,
     pick_line,
 )
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._advantage_reference import (
     CORPUS_VERSION,
     GROUPED,

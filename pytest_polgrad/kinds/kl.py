@@ -33,13 +33,13 @@ from polgrad_reference import (
     token_weights,
 )
 from polgrad_reference.kl import k_values, ratio_weighted
-from pytest_polgrad.core.calls import Verdict, _pick_loss
+from pytest_polgrad.core.calls import _pick_loss
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     TokenInputs,

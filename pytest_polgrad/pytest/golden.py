@@ -18,7 +18,6 @@ import pytest
 from syrupy.assertion import SnapshotAssertion
 from syrupy.location import PyTestLocation
 
-from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.engine import build_context, kind_of
 from pytest_polgrad.core.golden_format import (
     RETAIN,
@@ -29,6 +28,7 @@ from pytest_polgrad.core.golden_format import (
     write_error,
 )
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.core.verdicts import Verdict
 
 __all__ = ["GoldenMismatch", "claim_golden_files", "golden_test"]
 

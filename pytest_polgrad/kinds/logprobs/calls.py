@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.kinds._tokens import TokenContext, call_guarded, pick_output
 from pytest_polgrad.strategies._logits import pack_rows, unpack_rows
 

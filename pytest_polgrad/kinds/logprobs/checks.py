@@ -11,10 +11,9 @@ from typing import Any
 import torch
 
 from polgrad_reference import PolgradError
-from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.tolerance import Tolerance
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._tokens import bitwise_equal, compare_tensor
 from pytest_polgrad.strategies._logits import read_positions
 

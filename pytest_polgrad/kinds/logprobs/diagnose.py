@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.kinds import Diagnosis
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._tokens import compare_tensor
 
 from .calls import LogprobsContext, call_logprobs

@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.core.calls import Verdict, on_canonical_batch
+from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.kinds._tokens import parameters, tolerance_for
 from pytest_polgrad.strategies._logits import LogprobBatch, logprob_batches
 

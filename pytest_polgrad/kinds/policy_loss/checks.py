@@ -22,11 +22,11 @@ from polgrad_reference import (
     RatioKind,
     SurrogateKind,
 )
-from pytest_polgrad.core.calls import Evaluation, FunctionUnderTest, Verdict
+from pytest_polgrad.core.calls import Evaluation, FunctionUnderTest
 from pytest_polgrad.core.kinds import SHARED_CALLS, CallStore, remember
 from pytest_polgrad.core.options import ConformanceOptions
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds.policy_loss import snippet
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 

@@ -30,7 +30,7 @@ def golden_data(fn: Callable[..., Any], options: ConformanceOptions) -> Tolerant
     """Evaluate ``fn`` on the canonical corpus: ``{batch: {"loss": ..., "grad": ...}}`` with
     the tolerance the engine would apply (scales and clip kinks from the reference oracle).
 
-    Raises :class:`~pytest_polgrad.core.calls.Verdict` naming the batch when ``fn`` misbehaves.
+    Raises :class:`~pytest_polgrad.core.verdicts.Verdict` naming the batch when ``fn`` misbehaves.
     """
     ctx = build_context(fn, options)
     # the kind's per-process corpus, every tensor kept: the same tensors for every golden

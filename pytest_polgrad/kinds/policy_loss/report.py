@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.saved_snippets import reproduce_lines
 from pytest_polgrad.core.snippets import config_source
-from pytest_polgrad.core.verdicts import value_tables
+from pytest_polgrad.core.verdicts import Verdict, value_tables
 from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import explain, holds_on
 from pytest_polgrad.kinds.policy_loss.snippet import snippet
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_polgrad.core.calls import Verdict
+from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.strategies._splits import Split
 
 __all__ = ["WORLD_SIZES", "fold", "on_process_group", "run_distributed"]

@@ -32,7 +32,7 @@ import torch
 from hypothesis import strategies as st
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
-from pytest_polgrad.core.calls import Verdict, _pick_loss
+from pytest_polgrad.core.calls import _pick_loss
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -45,7 +45,7 @@ from pytest_polgrad.core.snippets import (
     kind_snippet,
     pick_line,
 )
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._accumulation import Scheme, row_facts, schemes
 from pytest_polgrad.kinds._tokens import (
     TokenContext,

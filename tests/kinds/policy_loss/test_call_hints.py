@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_polgrad.core.calls import Verdict, guarded_call
+from pytest_polgrad.core.calls import guarded_call
 from pytest_polgrad.core.engine import build_context, run_check
 from pytest_polgrad.core.options import parse_marker
+from pytest_polgrad.core.verdicts import Verdict
 
 FRAMEWORK = """
 def checked_loss(logprobs, advantages):

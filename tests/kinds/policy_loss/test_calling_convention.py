@@ -17,12 +17,12 @@ from pytest_polgrad.core.calls import (
     DeviceUnavailable,
     FunctionUnderTest,
     SignatureError,
-    Verdict,
     guarded_call,
     resolve_parameters,
 )
 from pytest_polgrad.core.engine import build_context, run_check
 from pytest_polgrad.core.options import MarkerError, parse_marker
+from pytest_polgrad.core.verdicts import Verdict
 from tests.helpers import sample_losses as L
 
 Tensor = torch.Tensor

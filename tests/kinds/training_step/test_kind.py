@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
-from pytest_polgrad.core.calls import Verdict
 from pytest_polgrad.core.engine import CheckResult, build_context, run_check
 from pytest_polgrad.core.kinds import get_kind
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.kinds.training_step.kind import accumulate
 from pytest_polgrad.strategies import Split
 from tests.helpers import inline_run

@@ -42,10 +42,11 @@ from polgrad_reference import (
     SurrogateKind,
     Unstated,
 )
-from pytest_polgrad.core.calls import FunctionUnderTest, Verdict, on_canonical_batch
+from pytest_polgrad.core.calls import FunctionUnderTest, on_canonical_batch
 from pytest_polgrad.core.corpus import canonical_corpus
 from pytest_polgrad.core.snippets import config_source
 from pytest_polgrad.core.tolerance import KINK_ULPS, Tolerance, unit_roundoff
+from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.kinds.policy_loss.diagnose.clip_fit import (
     SIDES,
     bracket,
