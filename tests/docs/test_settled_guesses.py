@@ -1,0 +1,141 @@
+"""The questions a maintainer had to guess at (issue 27, section 2), each answered in
+docs/conformance.md with the test below that shows the answer holds."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import pytest
+import torch
+
+from polgrad_reference import get_algorithm
+from pytest_polgrad import ConformanceError, assert_conforms
+from tests.helpers.sample_losses import reference_loss
+
+Tensor = torch.Tensor
+
+
+def _per_token_pg(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor) -> Tensor:
+    """DAPO's per-token clipped surrogate (eps 0.2 / 0.28), ``[b, T]``."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages[:, None]
+    return torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.28))
+
+
+def _failed(fn: Any, reference: Any, **options: Any) -> list[str]:
+    try:
+        report = assert_conforms(fn, reference, **options)
+    except ConformanceError as exc:
+        report = exc.report
+    return sorted(r.check for r in report.results if not r.passed)
+
+
+def test_a_training_step_takes_the_canonical_names() -> None:
+    """The frameworks' spellings are the policy-loss kind's: a step spelled as OpenRLHF's
+    ``PolicyLoss`` is refused, naming the parameter it lacks; the same step under the
+    canonical names passes."""
+
+    def spelled(
+        log_probs: Tensor,
+        old_log_probs: Tensor,
+        advantages: Tensor,
+        action_mask: Tensor,
+        global_tokens: int,
+        world_size: int,
+    ) -> Tensor:
+        per_token = _per_token_pg(log_probs, old_log_probs, advantages)
+        return (per_token * action_mask).sum() / global_tokens * world_size
+
+    with pytest.raises(Exception, match="has no 'logprobs' parameter"):
+        assert_conforms(spelled, "dapo", kind="training_step", max_examples=2)
+
+    def canonical(
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        global_tokens: int,
+        world_size: int,
+    ) -> Tensor:
+        return spelled(logprobs, old_logprobs, advantages, response_mask, global_tokens, world_size)
+
+    checks = ("full-batch", "micro-batches")
+    assert _failed(canonical, "dapo", kind="training_step", max_examples=3, checks=checks) == []
+
+
+def test_a_step_returns_the_loss_as_the_engine_differentiates_it() -> None:
+    """The kit sums the gradients of what the step returns and applies no factor: a
+    DeepSpeed step whose loss the engine divides by ``gradient_accumulation_steps``
+    conforms when it returns the loss after that division, and is 1/k-off (failing
+    ``micro-batches``) when it returns the loss before it."""
+
+    def scaled_up(
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        global_tokens: int,
+        world_size: int,
+        gradient_accumulation_steps: int,
+    ) -> Tensor:
+        # a DeepSpeed trainer multiplies by k, knowing that engine.backward divides by k
+        per_token = _per_token_pg(logprobs, old_logprobs, advantages)
+        total = (per_token * response_mask).sum() / global_tokens * world_size
+        return total * gradient_accumulation_steps
+
+    def as_differentiated(**kw: Any) -> Tensor:
+        out: Tensor = scaled_up(**kw) / kw["gradient_accumulation_steps"]  # what backward sees
+        return out
+
+    as_differentiated.__signature__ = inspect.signature(scaled_up)  # type: ignore[attr-defined]
+    options = {"kind": "training_step", "max_examples": 5, "checks": ("micro-batches",)}
+    assert _failed(as_differentiated, "dapo", **options) == []
+    assert _failed(scaled_up, "dapo", **options) == ["micro-batches"]
+
+
+def test_a_per_token_entropy_may_omit_the_mask() -> None:
+    """Per-token entropies without ``response_mask`` pass (padding is not compared); a
+    token-mean bonus without it averages the padding too and fails ``value``."""
+
+    def per_token(logits: Tensor) -> Tensor:
+        logp = torch.log_softmax(logits, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+
+    def bonus(logits: Tensor) -> Tensor:
+        return per_token(logits).mean()
+
+    checks = ("value", "gradient")
+    assert _failed(per_token, "entropy", kind="entropy", max_examples=3, checks=checks) == []
+    assert "value" in _failed(bonus, "entropy", kind="entropy", max_examples=3, checks=checks)
+
+
+def test_a_derived_config_is_the_reference() -> None:
+    """A setting no marker keyword reaches (clip_cov's token fraction) is set by passing
+    the derived loss config: the reference loss at fraction 0.5 conforms to it, and not
+    to the registry's fraction 2e-4."""
+    derived = get_algorithm("clip_cov").derive(fraction=0.5).loss
+    fn = reference_loss(derived, "clip_cov_half")
+    assert _failed(fn, derived, max_examples=3, checks=("value",)) == []
+    assert _failed(fn, "clip_cov", max_examples=3, checks=("value",)) == ["value"]
+
+
+def test_token_rewards_are_zero_at_padding_only_without_rewards() -> None:
+    """A function taking ``token_rewards`` alone gets verl's token-level rewards (0 at
+    padding); one taking ``rewards`` too gets the drawn per-token rewards, garbage at
+    padding."""
+    seen: dict[str, set[float]] = {"alone": set(), "both": set()}
+
+    def alone(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+        seen["alone"] |= set(token_rewards[~response_mask].tolist())
+        raise RuntimeError("recorded")
+
+    def both(rewards: Tensor, token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+        seen["both"] |= set(token_rewards[~response_mask].tolist())
+        raise RuntimeError("recorded")
+
+    for fn in (alone, both):
+        with pytest.raises(ConformanceError):
+            assert_conforms(fn, "reinforce_pp", kind="advantages", max_examples=2)
+    assert seen["alone"] == {0.0}
+    assert seen["both"] - {0.0}
