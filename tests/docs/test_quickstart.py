@@ -13,7 +13,9 @@ its workers are real processes started with the page's environment, as ``pytest 
 starts them. ``python SCRIPT`` runs as ``python SCRIPT`` would from the project
 (``tests/helpers/snippet_driver.py``'s ``run_scripts``: in place as ``__main__``, the script's
 directory first on ``sys.path``, the project's modules imported afresh), in the suite's
-snippet interpreter; any other command as a subprocess.
+snippet interpreter; any other command as a subprocess. The one ``bash`` block, the
+install step, needs the network and is not run: it is checked against the ``Makefile``
+(the same torch pin, installed before anything that requires torch).
 """
 
 from __future__ import annotations
@@ -147,8 +149,29 @@ def test_page_has_every_step() -> None:
     for needed in ('kind="training_step"', 'kind="kl"', "expect=", "@given(batches())"):
         assert needed in text, needed
     for b in found:
-        assert b.lang in {"toml", "python", "console"}, f"line {b.line}: {b.lang!r}"
-        assert b.lang == "console" or b.title, f"line {b.line}: a file block needs title="
+        assert b.lang in {"toml", "python", "console", "bash"}, f"line {b.line}: {b.lang!r}"
+        assert b.lang in {"console", "bash"} or b.title, f"line {b.line}: a file block needs title="
+    assert [b.lang for b in found].count("bash") == 1, "one install block"
+
+
+def test_install_block_pins_cpu_torch_before_anything_that_requires_it() -> None:
+    """The install step: a fresh venv, then the Makefile's torch pin from PyTorch's CPU
+    index, then the kit (from a path), then the project; nothing installed before torch."""
+    (install,) = [b for b in blocks(PAGE.read_text(encoding="utf-8")) if b.lang == "bash"]
+    lines = [x for x in install.body.splitlines() if x.strip() and not x.startswith("#")]
+    assert lines[0].startswith("python3 -m venv ")
+    pins = re.findall(r"pip install .*?(torch==[\w.]+)", (ROOT / "Makefile").read_text())
+    assert pins and set(pins) == {pins[0]}, pins
+    installs = [x for x in lines if " pip install " in f" {x}"]
+    assert installs[0].split() == [
+        "python", "-m", "pip", "install", pins[0],
+        "--index-url", "https://download.pytorch.org/whl/cpu",
+    ]  # fmt: skip
+    assert installs[1] == "python -m pip install /path/to/pytest-polgrad"
+    assert installs[2] == "python -m pip install -e '.[test]'" and len(installs) == 3
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (short,) = [b for b in blocks(readme) if b.lang == "bash" and "pip install" in b.body]
+    assert [x.split("#")[0].strip() for x in short.body.splitlines()[1:]] == installs[:2]
 
 
 def test_dependency_block_pins_this_package() -> None:
@@ -184,6 +207,8 @@ def test_every_block_runs_as_written(pytester: pytest.Pytester) -> None:
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     env = _env()
     for block in blocks(PAGE.read_text(encoding="utf-8")):
+        if block.lang == "bash":
+            continue  # the install step (test_install_block_pins_cpu_torch_before_...)
         if block.lang != "console":
             assert block.title is not None
             path = project / block.title
