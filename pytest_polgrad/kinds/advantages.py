@@ -54,10 +54,10 @@ from pytest_polgrad.kinds._advantage_reference import (
     expected_advantages,
     tolerance_scale,
 )
+from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     bitwise_equal,
-    call_guarded,
     parameters,
     tolerance_for,
     unknown_overrides,
@@ -157,9 +157,9 @@ def call_advantages(
     """Call the function; return its advantages in the canonical layout (``[B]`` or
     right-padded ``[B, T]``, detached) and the tensors it was given (after the call)."""
     given = _edge_inputs(ctx, kw)
-    result = call_guarded(ctx.fn, given, "a valid batch of rewards")
-    adv = _pick(result, ctx.options.loss)
     mask = kw["response_mask"]
+    result = call_in_layout(ctx.options, ctx.fn, given, mask, "a valid batch of rewards")
+    adv = _pick(result, ctx.options.loss)
     b, width = mask.shape
     if not isinstance(adv, torch.Tensor) or not adv.is_floating_point():
         raise Verdict(
@@ -433,14 +433,14 @@ def _check_gradient(ctx: Any, kw: Mapping[str, Any]) -> float:
         for k, t in given.items()
         if t.is_floating_point() and k in ("rewards", "token_rewards", "values")
     }
-    result = call_guarded(ctx.fn, given, "a valid batch of rewards")
+    mask = kw["response_mask"]
+    result = call_in_layout(ctx.options, ctx.fn, given, mask, "a valid batch of rewards")
     adv = _pick(result, ctx.options.loss)
     if not isinstance(adv, torch.Tensor) or not adv.requires_grad:
         ctx.notes.add("advantages are detached from rewards and values (no gradient flows)")
         return 0.0
     weights = torch.linspace(0.5, 1.5, adv.numel(), dtype=adv.dtype).reshape(adv.shape)
     grads = torch.autograd.grad((adv * weights).sum(), list(leaves.values()), allow_unused=True)
-    mask = kw["response_mask"]
     for name, g in zip(leaves, grads, strict=True):
         if g is None:
             continue
@@ -677,11 +677,6 @@ class AdvantagesKind(Kind):
         for flag in ("eps_in_sqrt", "grouped"):
             if flag in knobs and not isinstance(knobs[flag], bool):
                 raise MarkerError(f"{flag} must be True or False, got {knobs[flag]!r}")
-        if options.layout == "packed":
-            raise MarkerError(
-                "the advantages kind supports layout='right' or 'left' (packed rows are not "
-                "an advantage convention)"
-            )
         if knobs.get("grouped") and cfg.estimator not in GROUPED:
             raise MarkerError(f"grouped=True needs a group estimator, not {cfg.estimator.value!r}")
         return AdvantageReference(
@@ -699,7 +694,7 @@ class AdvantagesKind(Kind):
             skip |= {"singleton-constant", "group-isolation"}
         if ref.whitens or est not in SEQUENCE:
             skip.add("group-isolation")
-        return [c for n, c in _CHECKS.items() if n not in skip]
+        return for_layout([c for n, c in _CHECKS.items() if n not in skip], options)
 
     def check(self, name: str) -> KindCheck | None:
         return _CHECKS.get(name)
@@ -949,6 +944,7 @@ def _run_lines(ctx: AdvantagesContext, fn_name: str, grad: bool) -> list[str]:
     left = ctx.options.layout == "left"
     takes = [n for n in INPUT_NAMES if n in ctx.takes]
     lines = [
+        *snippet_helper(ctx.options),
         "",
         "",
         f"def run(inputs, grad={grad}):",
@@ -991,7 +987,7 @@ def _run_lines(ctx: AdvantagesContext, fn_name: str, grad: bool) -> list[str]:
         "                  if t.is_floating_point()",
         "                  and k in ('rewards', 'token_rewards', 'values')}",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {fn_name}(**kw)",
+        f"    out = {snippet_call(ctx.options, fn_name)}",
         pick_line(ctx.options.loss, "advantages"),
         "    grads = None",
         "    if grad:",

@@ -27,12 +27,17 @@ from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._packed import (
+    call_in_layout,
+    check_layout,
+    for_layout,
+    snippet_call,
+    snippet_helper,
+)
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     TokenInputs,
     bitwise_equal,
-    call_guarded,
-    check_overrides,
     compare_tensor,
     compare_value,
     parameters,
@@ -81,7 +86,9 @@ class _Eval:
 def _call(ctx: AggContext, inputs: Mapping[str, torch.Tensor], what: str) -> _Eval:
     x = inputs["x"].detach().clone().requires_grad_(True)
     kwargs = {ctx.value_name: x, ctx.mask_name: inputs["response_mask"].clone()}
-    out = require_scalar(_pick_loss(call_guarded(ctx.fn, kwargs, what), ctx.options.loss), what)
+    mask = inputs["response_mask"]
+    result = call_in_layout(ctx.options, ctx.fn, kwargs, mask, what)
+    out = require_scalar(_pick_loss(result, ctx.options.loss), what)
     if not bool(torch.isfinite(out)):
         raise Verdict(f"the function returned {out.item()} on {what}")
     if not out.requires_grad:
@@ -181,7 +188,8 @@ def check_inputs_unchanged(ctx: AggContext, inputs: Mapping[str, torch.Tensor]) 
     x = inputs["x"].detach().clone().requires_grad_(True)
     mask = inputs["response_mask"].clone()
     before = (x.detach().clone(), mask.clone())
-    call_guarded(ctx.fn, {ctx.value_name: x, ctx.mask_name: mask}, "a valid input")
+    kwargs = {ctx.value_name: x, ctx.mask_name: mask}
+    call_in_layout(ctx.options, ctx.fn, kwargs, inputs["response_mask"], "a valid input")
     for name, old, new in (
         (ctx.value_name, before[0], x.detach()),
         (ctx.mask_name, before[1], mask),
@@ -234,7 +242,7 @@ class AggregationKind(Kind):
     override_keys = frozenset({"aggregation", "budget"})
 
     def resolve(self, options: ConformanceOptions) -> AggregationRef:
-        check_overrides(self.name, options, self.override_keys)
+        check_layout(self.name, options, self.override_keys)
         ref, o = options.reference, dict(options.overrides)
         modes = [m.value for m in Aggregation]
         if isinstance(ref, str) and ref in modes:
@@ -265,7 +273,8 @@ class AggregationKind(Kind):
         return AggregationRef(mode, budget)
 
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
-        return [c for c in _CHECKS if options.checks is None or c.name in options.checks]
+        out = for_layout(list(_CHECKS), options)
+        return [c for c in out if options.checks is None or c.name in options.checks]
 
     def context(
         self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
@@ -390,7 +399,11 @@ def aggregation_snippet(ctx: AggContext, inputs: TokenInputs, check: KindCheck) 
     ``sum(w * x)`` and its gradient ``w`` in float64, and what the check compared."""
     ref = ctx.ref
     where = importable(ctx.fn, ctx.name)
+    mask = "inputs['response_mask']"
     definitions = [
+        "",
+        "",
+        *snippet_helper(ctx.options),
         "",
         "",
         f"MODE, BUDGET = {ref.mode.value!r}, {ref.budget!r}",
@@ -401,7 +414,7 @@ def aggregation_snippet(ctx: AggContext, inputs: TokenInputs, check: KindCheck) 
         "    x = inputs['x'].detach().clone().requires_grad_(True)",
         f"    kw = {{{ctx.value_name!r}: x, {ctx.mask_name!r}: inputs['response_mask'].clone()}}",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.call}(**kw)",
+        f"    out = {snippet_call(ctx.options, where.call, mask=mask)}",
         pick_line(ctx.options.loss, "loss"),
         "    g = torch.autograd.grad(out, x)[0] if grad else None",
         "    return out.detach(), g, kw, before",

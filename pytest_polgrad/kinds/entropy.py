@@ -27,11 +27,11 @@ from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     aggregation_override,
     bitwise_equal,
-    call_guarded,
     fmt,
     hygiene_checks,
     named_reference,
@@ -146,10 +146,9 @@ def call_entropy(
     given = {n: kw[n].detach().clone() for n in INPUT_NAMES if n in ctx.takes}
     if grad:
         given["logits"].requires_grad_(True)
-    out = pick_output(
-        call_guarded(ctx.fn, given, "a valid batch of logits"), ctx.options.loss, "entropy"
-    )
     mask = kw["response_mask"]
+    result = call_in_layout(ctx.options, ctx.fn, given, mask, "a valid batch of logits")
+    out = pick_output(result, ctx.options.loss, "entropy")
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
         raise Verdict(
             f"the function returned {type(out).__name__}; the entropy must be a floating "
@@ -353,14 +352,15 @@ class EntropyKind(Kind):
                 raise MarkerError(f"{flag} must be True or False, got {over[flag]!r}")
         out = dataclasses.replace(base, **over)
         require_budget(out.aggregation, out.budget)
-        if options.layout != "right":
+        if options.layout not in ("right", "packed"):
             raise MarkerError(
-                "the entropy kind takes right-padded [B, T, V] logits (layout='right')"
+                "the entropy kind takes right-padded [B, T, V] logits (layout='right') or "
+                "a packed [N, V] stream (layout='packed')"
             )
         return out
 
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
-        return list(_CHECKS.values())
+        return for_layout(list(_CHECKS.values()), options)
 
     def check(self, name: str) -> KindCheck | None:
         return _CHECKS.get(name)
@@ -444,6 +444,7 @@ def entropy_snippet(ctx: TokenContext, inputs: LogitBatch, check: KindCheck) -> 
     budget = "mask.shape[1]" if ref.budget == 0 else repr(ref.budget)  # 0: the padded width
     factor = ("-" if ref.negate else "") + "1.0" + (" / math.log(2)" if ref.bits else "")
     definitions = [
+        *snippet_helper(ctx.options),
         "",
         "",
         "def run(inputs, grad=" + str(grad) + "):",
@@ -454,7 +455,7 @@ def entropy_snippet(ctx: TokenContext, inputs: LogitBatch, check: KindCheck) -> 
         "    if grad:",
         "        kw['logits'].requires_grad_(True)",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.call}(**kw)",
+        f"    out = {snippet_call(ctx.options, where.call)}",
         pick_line(ctx.options.loss, "entropy"),
         "    if out.numel() == 1 and out.dim() <= 1:",
         "        out = out.reshape(())",

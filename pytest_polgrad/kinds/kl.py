@@ -40,12 +40,17 @@ from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._packed import (
+    call_in_layout,
+    check_layout,
+    for_layout,
+    snippet_call,
+    snippet_helper,
+)
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     TokenInputs,
     bitwise_equal,
-    call_guarded,
-    check_overrides,
     compare_tensor,
     compare_value,
     parameters,
@@ -123,7 +128,7 @@ def _call(
     kwargs: dict[str, Any] = {}
     for canon, param in ctx.names.items():
         kwargs[param] = lp if canon == "logprobs" else inputs[canon].detach().clone()
-    out = _pick_loss(call_guarded(ctx.fn, kwargs, what), ctx.options.loss)
+    out = _pick_loss(call_in_layout(ctx.options, ctx.fn, kwargs, mask, what), ctx.options.loss)
     if not isinstance(out, torch.Tensor) or not out.is_floating_point():
         raise Verdict(f"{what}: the function returned {type(out).__name__}, not a float tensor")
     if tuple(out.shape) != tuple(mask.shape):
@@ -272,7 +277,7 @@ def check_padding_values(ctx: KLContext, inputs: Mapping[str, torch.Tensor]) -> 
 def check_inputs_unchanged(ctx: KLContext, inputs: Mapping[str, torch.Tensor]) -> float:
     kwargs = {p: inputs[c].detach().clone() for c, p in ctx.names.items()}
     before = {p: t.clone() for p, t in kwargs.items()}
-    call_guarded(ctx.fn, kwargs, "a valid input")
+    call_in_layout(ctx.options, ctx.fn, kwargs, inputs["response_mask"], "a valid input")
     for p, t in kwargs.items():
         if not bool(bitwise_equal(before[p], t.detach()).all()):
             raise CheckFailure(f"the function modified its input {p} in place")
@@ -325,7 +330,7 @@ class KLKind(Kind):
     override_keys = _OVERRIDES
 
     def resolve(self, options: ConformanceOptions) -> KLRef:
-        check_overrides(self.name, options, _OVERRIDES)
+        check_layout(self.name, options, _OVERRIDES)
         ref, o = options.reference, dict(options.overrides)
         estimators = [e.value for e in KLEstimator]
         mode, budget = Aggregation.TOKEN_MEAN, None
@@ -367,6 +372,7 @@ class KLKind(Kind):
 
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
         out = [c for c in _CHECKS if c.name != "gradient" or _applies_gradient(config)]
+        out = for_layout(out, options)
         return [c for c in out if options.checks is None or c.name in options.checks]
 
     def context(
@@ -582,6 +588,9 @@ def kl_snippet(ctx: KLContext, inputs: TokenInputs, check: KindCheck) -> str:
     definitions = [
         "",
         "",
+        *snippet_helper(ctx.options),
+        "",
+        "",
         f"PARAMS = {dict(ctx.names)!r}  # input -> the function's parameter",
         f"MODE, BUDGET = {ref.mode.value!r}, {ref.budget!r}  # a scalar result's aggregation",
         "",
@@ -594,7 +603,7 @@ def kl_snippet(ctx: KLContext, inputs: TokenInputs, check: KindCheck) -> str:
         "    kw = {param: lp if name == 'logprobs' else inputs[name].detach().clone()",
         "          for name, param in PARAMS.items()}",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.call}(**kw)",
+        f"    out = {snippet_call(ctx.options, where.call)}",
         pick_line(ctx.options.loss, "loss"),
         "    if tuple(out.shape) != tuple(mask.shape):",
         "        out = out.reshape(())",

@@ -27,11 +27,11 @@ from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     aggregation_override,
     bitwise_equal,
-    call_guarded,
     fmt,
     hygiene_checks,
     named_reference,
@@ -169,7 +169,11 @@ def call_value_loss(
     if grad:
         given["values"].requires_grad_(True)
     loss = require_scalar(
-        pick_output(call_guarded(ctx.fn, given, "a valid batch"), ctx.options.loss, "loss"),
+        pick_output(
+            call_in_layout(ctx.options, ctx.fn, given, kw["response_mask"], "a valid batch"),
+            ctx.options.loss,
+            "loss",
+        ),
         "value loss",
     )
     if not grad:
@@ -373,12 +377,10 @@ class ValueLossKind(Kind):
         if not isinstance(out.half, bool):
             raise MarkerError(f"half must be True or False, got {out.half!r}")
         require_budget(out.aggregation, out.budget)
-        if options.layout == "packed":
-            raise MarkerError("the value_loss kind supports layout='right' or 'left'")
         return out
 
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
-        return list(_CHECKS.values())
+        return for_layout(list(_CHECKS.values()), options)
 
     def check(self, name: str) -> KindCheck | None:
         return _CHECKS.get(name)
@@ -466,6 +468,7 @@ def value_loss_snippet(ctx: TokenContext, inputs: ValueBatch, check: KindCheck) 
         "    kw = {n: right_to_left(t, extents) for n, t in kw.items()}",
     ]
     definitions = [
+        *snippet_helper(ctx.options),
         "",
         "",
         "def run(inputs, grad=" + str(grad) + "):",
@@ -476,7 +479,7 @@ def value_loss_snippet(ctx: TokenContext, inputs: ValueBatch, check: KindCheck) 
         "    if grad:",
         "        kw['values'].requires_grad_(True)",
         "    before = {k: v.detach().clone() for k, v in kw.items()}",
-        f"    out = {where.call}(**kw)",
+        f"    out = {snippet_call(ctx.options, where.call)}",
         pick_line(ctx.options.loss, "loss"),
         "    g = torch.autograd.grad(out, kw['values'])[0] if grad else None",
         *(["    g = left_to_right(g, extents) if grad else None"] if left else []),
