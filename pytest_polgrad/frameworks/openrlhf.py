@@ -24,7 +24,7 @@ import torch
 
 from pytest_polgrad.frameworks._adapt import require_installed
 
-__all__ = ["aggregate_loss", "approx_kl", "load", "policy_loss", "value_loss"]
+__all__ = ["aggregate_loss", "approx_kl", "entropy", "load", "policy_loss", "value_loss"]
 
 Tensor = torch.Tensor
 
@@ -168,4 +168,11 @@ def approx_kl(
         kl_estimator=kl_estimator,
         unbiased_gradient=unbiased_gradient,
     )
+    return out
+
+
+def entropy(*, logits: Tensor) -> Tensor:
+    """``openrlhf.models.utils.compute_entropy(logits)``: per-token entropy ``[B, T]``
+    in nats."""
+    out: Tensor = load()["utils"].compute_entropy(logits)
     return out

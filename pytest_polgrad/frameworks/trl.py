@@ -20,7 +20,7 @@ import torch
 
 from pytest_polgrad.frameworks._adapt import require_installed
 
-__all__ = ["LOSS_TYPES", "grpo_config", "grpo_loss", "training_step"]
+__all__ = ["LOSS_TYPES", "entropy", "grpo_config", "grpo_loss", "training_step"]
 
 Tensor = torch.Tensor
 
@@ -199,3 +199,11 @@ def training_step(**options: Any) -> Callable[..., Tensor]:
         )
 
     return trl_training_step
+
+
+def entropy(*, logits: Tensor) -> Tensor:
+    """``trl.trainer.utils.entropy_from_logits(logits)``: per-token entropy ``[B, T]`` in
+    nats, computed in chunks of rows (what ``GRPOTrainer`` logs and masks by entropy)."""
+    require_installed("trl")
+    out: Tensor = importlib.import_module("trl.trainer.utils").entropy_from_logits(logits)
+    return out

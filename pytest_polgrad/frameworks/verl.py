@@ -23,6 +23,7 @@ __all__ = [
     "actor_config",
     "agg_loss",
     "compute_advantage",
+    "entropy",
     "kl_penalty",
     "policy_loss",
     "training_step",
@@ -226,3 +227,20 @@ def training_step(
 
     verl_training_step.__qualname__ = f"verl_{mode}_training_step"
     return verl_training_step
+
+
+def entropy(
+    *, logits: Tensor, response_mask: Tensor | None = None, loss_agg_mode: str | None = None
+) -> Tensor:
+    """Per-token ``verl.utils.torch_functional.entropy_from_logits(logits)`` ``[B, T]``
+    (nats, ``logsumexp(z) - sum softmax(z) z``), or with ``loss_agg_mode`` the actor's
+    bonus ``core_algos.compute_entropy_loss(logits, response_mask, loss_agg_mode)``."""
+    if loss_agg_mode is None:
+        require_installed("verl")
+        functional = importlib.import_module("verl.utils.torch_functional")
+        out: Tensor = functional.entropy_from_logits(logits)
+        return out
+    if response_mask is None:
+        raise ValueError("entropy: loss_agg_mode needs response_mask")
+    bonus: Tensor = _core().compute_entropy_loss(logits, response_mask, loss_agg_mode)
+    return bonus
