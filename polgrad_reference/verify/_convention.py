@@ -170,6 +170,13 @@ def require_positive(name: str, value: object) -> float:
     return x
 
 
+def require_bool(name: str, value: object) -> bool:
+    """``value`` itself; :class:`InputTypeError` unless it is a bool."""
+    if not isinstance(value, bool):
+        raise InputTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
 def require_tolerance(rtol: object, atol: object) -> tuple[float, float]:
     """``(rtol, atol)``: each finite and ``>= 0``, not both 0 (a check that can fail)."""
     out = []

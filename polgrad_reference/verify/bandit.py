@@ -133,12 +133,26 @@ def kl_loss_gradient(
     which carry k2's gradient) match it; k1's expectation is 0 and k3's is
     ``sum_a (pi_a - ref_a) d log pi_a``, the gradient of the forward ``KL(ref || pi)``
     (``pi - ref`` on the softmax), not of ``KL(pi || ref)``."""
-    if samples < 2:
-        raise InputError(f"samples must be >= 2, got {samples}")
+    if not isinstance(bandit, SoftmaxBandit):
+        raise InputTypeError(f"bandit must be a SoftmaxBandit, got {type(bandit).__name__}")
+    if not isinstance(logits, torch.Tensor):
+        raise InputTypeError(f"logits must be a tensor, got {type(logits).__name__}")
+    if logits.shape != bandit.rewards.shape or not bool(torch.isfinite(logits).all()):
+        raise InputError(
+            f"logits must be finite, of the bandit's shape {list(bandit.rewards.shape)}, got "
+            f"shape {list(logits.shape)}"
+        )
+    samples = _count("samples", samples, 2)
+    seed = _count("seed", seed, -(2**63))
+    try:
+        estimator = KLEstimator(estimator)
+    except ValueError:
+        known = ", ".join(repr(e.value) for e in KLEstimator)
+        raise InputError(f"estimator must be one of {known}, got {estimator!r}") from None
     g = torch.Generator().manual_seed(seed)
     arms = bandit.sample(logits, samples, g)
     ref = torch.log_softmax(bandit.ref_logits, 0)[arms]
-    return _per_sample(logits, arms, lambda lp: k_values(KLEstimator(estimator), ref - lp))
+    return _per_sample(logits, arms, lambda lp: k_values(estimator, ref - lp))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -265,6 +265,7 @@ def check_gradient_formula(
         raise InputTypeError(f"inputs[{wrt!r}] must be a float64 tensor, got {got}")
     h = conv.require_positive("step", step)
     rtol, atol = conv.require_tolerance(rtol, atol)
+    conv.require_bool("raise_on_failure", raise_on_failure)
     if where is None:
         region = torch.ones_like(x, dtype=torch.bool)
     elif not isinstance(where, torch.Tensor) or where.dtype is not torch.bool:

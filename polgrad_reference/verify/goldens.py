@@ -23,8 +23,10 @@ from ..config import (
     RatioKind,
     SurrogateKind,
 )
+from ..errors import InputTypeError
 from ..kl import kl_estimate
 from ..loss import policy_loss
+from ._convention import require_tolerance
 from .gradcheck import VerificationError
 
 __all__ = ["GOLDEN_CASES", "GoldenCase", "check_golden", "goldens_markdown"]
@@ -44,7 +46,11 @@ class GoldenCase:
 
 def check_golden(case: GoldenCase, *, rtol: float = 1e-14, atol: float = 1e-15) -> None:
     """Raise :class:`~polgrad_reference.verify.VerificationError` when the reference's
-    output differs from the hand-derived numbers."""
+    output differs from the hand-derived numbers. ``rtol``/``atol`` are finite floats
+    ``>= 0``, not both 0."""
+    if not isinstance(case, GoldenCase):
+        raise InputTypeError(f"case must be a GoldenCase, got {type(case).__name__} {case!r}")
+    rtol, atol = require_tolerance(rtol, atol)
     computed, expected = case.evaluate()
     if computed.shape != expected.shape or not torch.allclose(
         computed.to(F64), expected.to(F64), rtol=rtol, atol=atol

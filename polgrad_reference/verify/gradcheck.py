@@ -138,6 +138,7 @@ def gradcheck_policy_loss(
         raise InputTypeError(f"logprobs must be a float64 tensor for a gradcheck, got {got}")
     h = conv.require_positive("step", step)
     rtol, atol = conv.require_tolerance(rtol, atol)
+    conv.require_bool("raise_on_failure", raise_on_failure)
     given = {
         k: v
         for k, v in (
