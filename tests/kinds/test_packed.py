@@ -81,6 +81,7 @@ def from_packed(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sweep_cases() -> list[tuple[str, Any, str, dict[str, Any]]]:
     out = [c for c in sweep.CASES if c[0] != "training_step"]  # micro-batches: padded only
+    out = [c for c in out if "layout" not in c[3]]  # written for the stream already
     out += [("entropy", fn, "entropy", {}) for fn in (ent.per_token_ok, ent.bonus_ok)]
     out.append(("entropy", ent.per_token_float32, "entropy", {"dtype": "bfloat16"}))
     out += [
@@ -125,7 +126,9 @@ def test_every_correct_implementation_gets_the_same_verdict_padded_and_packed(
     padded = _verdicts(kind, fn, reference, options)
     packed = _verdicts(kind, from_packed(fn), reference, {**options, "layout": "packed"})
     assert set(padded) - set(packed) == {"padding-columns"} & set(padded), sorted(packed)
-    assert {c: v for c, v in padded.items() if c in packed} == packed
+    assert set(packed) - set(padded) <= {"packed-boundary"}, sorted(packed)  # logprobs'
+    assert {c: v for c, v in padded.items() if c in packed} == {c: packed[c] for c in padded
+                                                                 if c in packed}  # fmt: skip
     assert not any(packed.values()), packed
 
 

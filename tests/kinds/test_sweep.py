@@ -1,4 +1,4 @@
-"""False-alarm sweep of the training-step, aggregation and KL kinds: every correct
+"""False-alarm sweep of the training-step, aggregation, KL and logprobs kinds: every correct
 implementation in their test modules passes every check for several ``--polgrad-seed``
 values (small batches, a few drawn inputs after the canonical corpus per check and seed),
 and the float64 ones also with ``strict=True``."""
@@ -14,12 +14,14 @@ from pytest_polgrad.core.kinds import get_kind
 from pytest_polgrad.core.options import ConformanceOptions
 from tests.kinds.aggregation import test_kind as agg
 from tests.kinds.kl import test_kind as kl
+from tests.kinds.logprobs import test_kind as logprobs
 from tests.kinds.training_step import test_kind as step
 
 SEEDS = range(4)
 SIZES: dict[str, Any] = {"max_batch": 6, "max_length": 32}
 FLOAT64_ARITHMETIC = {step.token_mean_step, step.seq_mean_token_mean_step, agg.token_mean,
-                      agg.seq_mean_token_sum, kl.k3, kl.k3_plus}  # fmt: skip
+                      agg.seq_mean_token_sum, kl.k3, kl.k3_plus, logprobs.plain,
+                      logprobs.packed_ok}  # fmt: skip
 
 
 def _cases() -> list[tuple[str, Any, str, dict[str, Any]]]:
@@ -34,6 +36,11 @@ def _cases() -> list[tuple[str, Any, str, dict[str, Any]]]:
     out += [("aggregation", fn, ref, dict(opts)) for fn, ref, opts in agg.CORRECT]
     out += [("kl", fn, ref, dict(opts)) for fn, ref, opts, _ in kl.CORRECT]
     out.append(("kl", kl.k3_plus_clamped, "k3+", {"overrides": {"clamp": 10}}))
+    for fn, ref, opts in logprobs.CORRECT:
+        opts = dict(opts)
+        if "temperature" in opts:
+            opts["overrides"] = {"temperature": opts.pop("temperature")}
+        out.append(("logprobs", fn, ref, opts))
     return out
 
 
