@@ -65,7 +65,11 @@ class Split:
     """``ranks[r][k]``: the row indices of micro-batch ``k`` on rank ``r``.
 
     Every rank runs the same number of micro-batches (a backward per micro-step, as
-    data-parallel training requires); every row of the step appears exactly once.
+    data-parallel training requires); every row of the step appears exactly once. A
+    micro-batch may be empty (``()``: no rows, no response tokens), and so may every
+    micro-batch of a rank: data loaders that drop or pack samples make them (NeMo-RL #212),
+    and the rank still runs its backward so the all-reduce completes. An empty
+    micro-batch contributes nothing to the step's gradient.
     ``steps_per_generation`` (default: the number of micro-batches) divides or is a
     multiple of ``gradient_accumulation_steps``. When it is a multiple, the generation batch
     also holds the next optimizer steps' rows: ``outside_tokens`` / ``outside_rows`` count
@@ -88,9 +92,9 @@ class Split:
                 "every rank must run the same number of micro-batches, got "
                 f"{[len(r) for r in ranks]}"
             )
-        if any(not mb for rank in ranks for mb in rank):
-            raise ValueError("Split.ranks holds an empty micro-batch")
         rows = sorted(i for rank in ranks for mb in rank for i in mb)
+        if not rows:
+            raise ValueError("Split.ranks must hold at least one row; every micro-batch is empty")
         if rows != list(range(len(rows))):
             raise ValueError(f"Split must cover rows 0..B-1 exactly once, got rows {rows}")
         g = self.gradient_accumulation_steps
@@ -180,9 +184,12 @@ class Split:
         return out
 
     def describe(self) -> str:
-        """One line, e.g. ``2 ranks x 2 micro-batches: rank 0 [0 | 1], rank 1 [2, 3 | 4]``."""
+        """One line, e.g. ``2 ranks x 2 micro-batches: rank 0 [0 | 1], rank 1 [2, 3 | 4]``
+        (an empty micro-batch is ``(empty)``)."""
         ranks = ", ".join(
-            f"rank {r} [" + " | ".join(", ".join(map(str, mb)) for mb in rank) + "]"
+            f"rank {r} ["
+            + " | ".join(", ".join(map(str, mb)) if mb else "(empty)" for mb in rank)
+            + "]"
             for r, rank in enumerate(self.ranks)
         )
         g = self.gradient_accumulation_steps
@@ -223,6 +230,7 @@ def splits(
     family: str | None = None,
     max_ranks: int = 4,
     max_micro_batches: int = 8,
+    empty: bool = False,
 ) -> st.SearchStrategy[Split]:
     """Splits of a step whose rows have response ``lengths`` (one int per row).
 
@@ -233,6 +241,11 @@ def splits(
     (half, double or four times the accumulation steps) and the later steps' share of the
     generation batch. ``family`` (one of :data:`SPLIT_FAMILIES`) restricts the draw; None
     draws any. Shrinks towards one rank, few micro-batches, rows in order, even cuts.
+
+    ``empty=True`` (family ``micro-batches``, ``data-parallel`` or None) also leaves
+    micro-batches empty: one micro-batch of the step, or every micro-batch of one rank (a
+    rank with no response tokens), more where the rows are too few for the others. Off by
+    default, so the pools drawn without it are as before.
     """
     rows = len(lengths)
     check_int("len(lengths)", rows, minimum=1)
@@ -240,15 +253,25 @@ def splits(
     check_int("max_micro_batches", max_micro_batches, minimum=1)
     check_choice("family", family, SPLIT_FAMILIES, optional=True)
     need = {"full-batch": 1, "micro-batches": 2, "data-parallel": 2, "generation-steps": 1}
-    if family is not None and rows < need[family]:
+    if family is not None and rows < need[family] and not empty:  # empty: one row will do
         raise InvalidArgument(f"family={family!r} needs at least {need[family]} rows, got {rows}")
     if family == "data-parallel" and max_ranks < 2:
         raise InvalidArgument("family='data-parallel' needs max_ranks >= 2")
     if family == "micro-batches" and max_micro_batches < 2:
         raise InvalidArgument("family='micro-batches' needs max_micro_batches >= 2")
+    if not isinstance(empty, bool):
+        raise InvalidArgument(f"empty must be a bool, got {empty!r}")
+    if empty and family not in (None, "micro-batches", "data-parallel"):
+        raise InvalidArgument(
+            f"empty=True draws micro-batches or data-parallel splits, not family={family!r}"
+        )
+    if empty and rows < 2 and max_ranks < 2 and max_micro_batches < 2:
+        raise InvalidArgument("empty=True needs room for two micro-batches (or two ranks)")
     lens = [int(n) for n in lengths]
 
     def _splits(draw: st.DrawFn) -> Split:
+        if empty:
+            return _with_empty(draw, lens, family, max_ranks, max_micro_batches)
         fam = family if family is not None else draw(choice(_families(rows)))
         if fam == "full-batch":
             w, k = 1, 1
@@ -291,6 +314,44 @@ def splits(
         return Split(ranks, s, outside_tokens=extra_tokens, outside_rows=extra_rows)
 
     return composite(_splits)
+
+
+def _with_empty(
+    draw: st.DrawFn, lens: list[int], family: str | None, max_ranks: int, max_mb: int
+) -> Split:
+    """A micro-batches or data-parallel split with empty micro-batches (see :func:`splits`)."""
+    rows = len(lens)
+    families = ("micro-batches", "data-parallel") if max_ranks >= 2 else ("micro-batches",)
+    if max_mb < 2:
+        families = ("data-parallel",)
+    fam = family if family is not None else draw(choice(families))
+    w = 1 if fam == "micro-batches" else draw(ints(2, max_ranks))
+    k = draw(ints(2 if w == 1 else 1, max(2 if w == 1 else 1, min(max_mb, rows // w + 1))))
+    parts = w * k
+    whole_rank = w > 1 and draw(choice(("micro-batch", "rank"))) == "rank"
+    if whole_rank:
+        r = draw(ints(0, w - 1))
+        empties = set(range(r * k, r * k + k))
+    else:
+        empties = {draw(ints(0, parts - 1))}
+    for p in range(parts - 1, -1, -1):  # too few rows for the other micro-batches
+        if parts - len(empties) <= rows:
+            break
+        empties.add(p)
+    order = draw(choice(("given", "sorted", "shuffled")))
+    idx = list(range(rows))
+    if order == "sorted":
+        idx.sort(key=lambda i: (lens[i], i))
+    elif order == "shuffled":
+        idx = list(draw(permutations(tuple(idx))))
+    full = parts - len(empties)
+    sizes = iter(_cut(draw, rows, full, even=draw(choice((True, False)))))
+    chunks, start = [], 0
+    for p in range(parts):
+        size = 0 if p in empties else next(sizes)
+        chunks.append(tuple(idx[start : start + size]))
+        start += size
+    return Split(tuple(tuple(chunks[r * k : (r + 1) * k]) for r in range(w)))
 
 
 def _families(rows: int) -> tuple[str, ...]:

@@ -51,6 +51,8 @@ def row_facts(mask: torch.Tensor, split: Split) -> RowFacts:
     infos: list[StepInfo] = [i for rank in split.infos(mask) for i in rank]
     for info in infos:
         rows = list(info.rows)
+        if not rows:  # an empty micro-batch: no row to weigh
+            continue
         fields["mb_tokens"][rows] = float(info.micro_batch_tokens)
         fields["mb_rows"][rows] = float(info.micro_batch_rows)
         fields["mb_width"][rows] = float(extent[rows].max())

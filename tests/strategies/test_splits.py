@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from hypothesis import find, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from pytest_polgrad.strategies import SPLIT_FAMILIES, Split, splits
@@ -103,7 +104,7 @@ def test_step_infos_count_tokens_and_rows_like_a_trainer() -> None:
     ("kwargs", "words"),
     [
         ({"ranks": ((((0,), (1,)), ((2,),)))}, "same number of micro-batches"),
-        ({"ranks": (((0,), ()),)}, "empty micro-batch"),
+        ({"ranks": (((), ()),)}, "at least one row; every micro-batch is empty"),
         ({"ranks": (((0, 2),),)}, "exactly once"),
         ({"ranks": (((0,), (1,), (2,)),), "steps_per_generation": 2}, "divisor or multiple"),
         ({"ranks": (((0,),),), "outside_tokens": 3}, "steps_per_generation > accumulation"),
@@ -121,3 +122,34 @@ def test_strategy_arguments_are_validated() -> None:
         splits((1,), family="data-parallel").example()
     with pytest.raises(ValueError, match="B = 2 rows"):
         Split((((0,), (1,)),)).infos(_mask((1, 2, 3)))
+
+
+def test_empty_micro_batches_and_ranks_are_splits_with_zero_counts() -> None:
+    """NeMo-RL #212: micro-batches (and whole ranks) without response tokens exist."""
+    split = Split((((0,), (1, 2)), ((), ())))
+    infos = split.infos(_mask((1, 2, 3)))
+    assert [(i.micro_batch_tokens, i.rank_tokens, i.global_tokens) for i in infos[1]] == [
+        (0, 0, 6),
+        (0, 0, 6),
+    ]
+    assert "rank 1 [(empty) | (empty)]" in split.describe()
+    assert Split(eval(split.to_python().removeprefix("Split(ranks=")[:-1])) == split
+
+
+@QUICK
+@given(data=st.data())
+def test_empty_true_draws_empty_micro_batches_covering_every_row(data) -> None:
+    lengths = data.draw(st.lists(st.integers(1, 6), min_size=1, max_size=7))
+    family = data.draw(st.sampled_from([None, "micro-batches", "data-parallel"]))
+    split = data.draw(splits(lengths, family=family, empty=True))
+    mbs = [mb for rank in split.ranks for mb in rank]
+    assert any(not mb for mb in mbs), split
+    assert sorted(i for mb in mbs for i in mb) == list(range(len(lengths)))
+    assert split.family in ("micro-batches", "data-parallel")
+
+
+def test_empty_true_is_validated() -> None:
+    with pytest.raises(InvalidArgument, match="empty must be a bool"):
+        splits((1, 2), empty=1).example()  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="not family='generation-steps'"):
+        splits((1, 2), family="generation-steps", empty=True).example()

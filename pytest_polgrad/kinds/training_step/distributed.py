@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from polgrad_reference.errors import ConfigError, InputError, InputTypeError
+from pytest_polgrad.kinds.training_step._text import empty_hint
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -380,6 +381,8 @@ class _MicroBatch:
     tensors: dict[str, torch.Tensor]
     info: dict[str, Any]
     step: Any
+    counts: tuple[int, int] = (1, 1)
+    """The micro-batch's and its rank's response tokens (for the empty micro-batch hint)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,8 +414,8 @@ def _jobs(
     for rank in split.infos(mask):
         mbs = []
         for info in rank:
-            index = torch.tensor(info.rows)
-            width = int(extent[index].max())
+            index = torch.tensor(info.rows, dtype=torch.long)
+            width = int(extent[index].max()) if info.rows else 0  # an empty micro-batch: [0, 0]
             tensors = {
                 n: (t[index][:, :width] if t.dim() == 2 else t[index]).detach().clone()
                 for n, t in batch.items()
@@ -420,7 +423,8 @@ def _jobs(
             }
             fields = {f: getattr(info, f) for f in _INFO_FIELDS if f in names}
             step = info if "step" in names else None
-            mbs.append(_MicroBatch(tuple(info.rows), width, tensors, fields, step))
+            mbs.append(_MicroBatch(tuple(info.rows), width, tensors, fields, step,
+                                   (info.micro_batch_tokens, info.rank_tokens)))  # fmt: skip
         job = _Job(payload, files, wrap, (mask.shape[0], mask.shape[1]), tuple(mbs), loss,
                    snapshot)  # fmt: skip
         out.append(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
@@ -944,7 +948,7 @@ def _micro_step(
 ) -> float | None:
     """One micro-batch: forward through the wrapped model, the function, its backward."""
     tensors = {n: t.to(device) for n, t in mb.tensors.items()}
-    rows = torch.tensor(mb.rows, device=device)
+    rows = torch.tensor(mb.rows, dtype=torch.long, device=device)
     lp = wrapped(rows, mb.width, tensors["logprobs"])
     flowed: list[bool] = []
     lp.register_hook(lambda g: flowed.append(True))
@@ -984,7 +988,9 @@ def _micro_step(
             raise _Fail(f"{where}: the returned loss does not depend on logprobs")
         value = float(loss.detach())
         if not math.isfinite(value):
-            raise _Fail(f"the function returned {value} for {where}, a valid input")
+            raise _Fail(
+                f"the function returned {value} for {where}, a valid input" + empty_hint(*mb.counts)
+            )
     for name, old in before.items():
         new = kwargs[name].detach()
         if not _same_bits(new, old):

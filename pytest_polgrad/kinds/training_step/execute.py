@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_polgrad.core.verdicts import Verdict
+from pytest_polgrad.kinds.training_step._text import empty_hint
 from pytest_polgrad.strategies._splits import Split
 
-__all__ = ["WORLD_SIZES", "fold", "on_process_group", "run_distributed"]
+__all__ = ["WORLD_SIZES", "empty_hint", "fold", "on_process_group", "run_distributed"]
 
 WORLD_SIZES = (2, 4)
 """The process groups' sizes (``core.options.WORLD_SIZES``; two pools at most)."""

@@ -60,7 +60,13 @@ from pytest_polgrad.kinds._tokens import (
     tolerance_for,
 )
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
-from pytest_polgrad.kinds.training_step.execute import fold, on_process_group, run_distributed
+from pytest_polgrad.kinds.training_step import empty as _empty
+from pytest_polgrad.kinds.training_step.execute import (
+    empty_hint,
+    fold,
+    on_process_group,
+    run_distributed,
+)
 from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._sample import composite
 from pytest_polgrad.strategies._snippet import snippet as tensor_snippet
@@ -128,9 +134,9 @@ def _micro_batch(
     batch: Mapping[str, torch.Tensor], rows: tuple[int, ...], takes: frozenset[str]
 ) -> tuple[dict[str, torch.Tensor], int]:
     mask = batch["response_mask"]
-    index = torch.tensor(rows)
+    index = torch.tensor(rows, dtype=torch.long)
     cols = torch.arange(mask.shape[1])
-    width = int(torch.where(mask[index], cols + 1, 0).max())
+    width = int(torch.where(mask[index], cols + 1, 0).max()) if rows else 0  # empty: [0, 0]
     out = {}
     for name in TENSORS:
         if name in takes and name in batch:
@@ -184,8 +190,11 @@ def accumulate(
                     raise Verdict(f"{where}: the returned loss does not depend on logprobs")
                 g, value = g_opt, float(loss.detach())
                 if not math.isfinite(value):
-                    raise Verdict(f"the function returned {value} for {where}, a valid input")
-            index = torch.tensor(info.rows)
+                    raise Verdict(
+                        f"the function returned {value} for {where}, a valid input"
+                        + empty_hint(info.micro_batch_tokens, info.rank_tokens)
+                    )
+            index = torch.tensor(info.rows, dtype=torch.long)
             grad[index, :width] += g.detach().to(torch.float64) / world
             total += value / world
             for name, old in before.items():
@@ -324,6 +333,8 @@ _CHECKS = (
     KindCheck("deterministic", "two runs of the same step agree bitwise", check_deterministic,
               domain="any", semantic=False),
 )  # fmt: skip
+_EMPTY_CHECK = _empty.check_of(check_split)
+"""Opt-in (``checks=``): splits with empty micro-batches and ranks (:mod:`.empty`)."""
 
 
 # -------------------------------------------------------------------------- corpus
@@ -376,7 +387,16 @@ class TrainingStepKind(Kind):
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
         if options.checks is None:
             return list(_CHECKS)
-        return [c for c in _CHECKS if c.name in options.checks]
+        opt_in = [_EMPTY_CHECK] if _empty.opted_in(options) else []  # only when named
+        return [c for c in (*_CHECKS, *opt_in) if c.name in options.checks]
+
+    def check(self, name: str) -> KindCheck | None:
+        return _EMPTY_CHECK if name == _empty.EMPTY else None
+
+    def corpus_for(self, ctx: Any, check: KindCheck) -> Mapping[str, Any]:
+        if check.domain == _empty.EMPTY:
+            return _empty.corpus(ctx, StepInputs)
+        return self.corpus(ctx)
 
     def context(
         self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
@@ -400,6 +420,8 @@ class TrainingStepKind(Kind):
         )  # fmt: skip
 
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[StepInputs]:
+        if check.domain == _empty.EMPTY:
+            return _empty.strategy(ctx, StepInputs)
         cfg = ctx.policy
         family = None if check.domain == "any" else check.domain
         min_rows = 1 if family in (None, "full-batch", "generation-steps") else 2
@@ -654,8 +676,8 @@ def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
         "    total, passed, before = 0.0, {}, {}",
         "    for r, rank in enumerate(split.infos(mask)):",
         "        for info in rank:",
-        "            rows = torch.tensor(info.rows)",
-        "            width = int(torch.where(mask[rows], cols + 1, 0).max())",
+        "            rows = torch.tensor(info.rows, dtype=torch.long)",
+        "            width = int(torch.where(mask[rows], cols + 1, 0).max()) if info.rows else 0",
         "            mb = {n: (inputs[n][rows][:, :width] if inputs[n].dim() == 2 else "
         "inputs[n][rows]).clone()",
         f"                  for n in {tensors!r}}}",
@@ -689,7 +711,8 @@ def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
         "    return expected.detach(), torch.autograd.grad(expected, lp)[0]",
     ]
     mask = "inputs['response_mask']"
-    if check.name in ("full-batch", "micro-batches", "data-parallel", "generation-steps"):
+    if check.name in ("full-batch", "micro-batches", "data-parallel", "generation-steps",
+                      _empty.EMPTY):  # fmt: skip
         lines = [
             "",
             "out, grad, passed, before = run(inputs)",

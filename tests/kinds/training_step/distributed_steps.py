@@ -58,7 +58,10 @@ def token_losses(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
 ) -> torch.Tensor:
-    """DAPO's per-token surrogate ``[b, T]``, 0 at padding."""
+    """DAPO's per-token surrogate ``[b, T]``, 0 at padding (an empty micro-batch: zeros
+    that still depend on ``logprobs``, as a trainer's forward on no rows does)."""
+    if not bool(response_mask.any()):
+        return logprobs * 0.0
     out = policy_loss(
         DAPO.replace(aggregation="token-sum", budget=None),
         logprobs=logprobs,
@@ -175,6 +178,22 @@ def bug_no_world_size(
     return tok.sum() / global_tokens
 
 
+def bug_divides_by_empty(
+    logprobs: T,
+    old_logprobs: T,
+    advantages: T,
+    response_mask: T,
+    micro_batch_tokens: int,
+    global_tokens: int,
+    world_size: int,
+) -> torch.Tensor:
+    """NeMo-RL #212: each micro-batch's token mean, weighted by its share of the step's
+    tokens. Exact wherever a micro-batch has tokens; 0/0 = NaN on an empty one."""
+    tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
+    mean = tok.sum() / response_mask.sum()
+    return mean * (micro_batch_tokens / global_tokens) * world_size
+
+
 # ------------------------------------------------------------------ faulty functions
 
 
@@ -230,6 +249,8 @@ BUDGET = 64
 
 
 def _surrogate(cfg: object, logprobs: T, old_logprobs: T, advantages: T, response_mask: T) -> T:
+    if not bool(response_mask.any()):  # an empty micro-batch
+        return logprobs * 0.0
     out = policy_loss(
         cfg.replace(aggregation="token-sum", budget=None),  # type: ignore[attr-defined]
         logprobs=logprobs,

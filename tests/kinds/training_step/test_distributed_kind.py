@@ -73,6 +73,18 @@ def test_a_scaling_bug_is_flagged_on_the_real_group_and_named(fn, named, wrap) -
     assert named in result.diagnosis, result.diagnosis
 
 
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_division_by_empty_micro_batches_is_flagged_on_the_real_group_and_named(wrap) -> None:  # type: ignore[no-untyped-def]
+    """NeMo-RL #212 on the real group: the canonical step with a rank that holds no rows
+    (checks=('empty-micro-batches',)); a correct token-mean step passes it there."""
+    empty = {"checks": ("empty-micro-batches",), "distributed": wrap}
+    result = _run(S.bug_divides_by_empty, "dapo", "empty-micro-batches", **empty)
+    assert not result.passed
+    assert f"on a real {wrap} process group (2 ranks, rank 1)" in result.message, result.message
+    assert "division by empty micro-batches, NeMo-RL #212" in result.message
+    assert _run(S.token_mean_global, "dapo", "empty-micro-batches", **empty).passed
+
+
 def test_a_step_that_all_reduces_its_own_count_runs_as_written() -> None:
     """verl / prime-rl / OpenRLHF all-reduce the token count inside the step: it passes on
     the real group and cannot run in the simulated one (no process group there), which
