@@ -171,6 +171,30 @@ def entropy_detached_leaky(logits, response_mask):
     p = torch.softmax(logits, -1).detach()
     h = -(p * torch.log_softmax(logits, -1)).sum(-1)
     return (h * response_mask).sum() / response_mask.sum() + 1e-6 * _entropy(logits).sum()
+
+
+@pytest.mark.polgrad_conforms("grpo", kind="aggregation", layout="packed", checks=["value"])
+def agg_packed_across(x, response_mask, cu_seqlens):
+    """Each sequence's span runs one token into the next one."""
+    b = cu_seqlens.tolist()
+    means = [x[s:e + 1][response_mask[s:e + 1]].mean() for s, e in zip(b[:-1], b[1:])]
+    return torch.stack(means).mean()
+
+
+@pytest.mark.polgrad_conforms("next-token", kind="logprobs", checks=["value"])
+def logprobs_no_shift(logits, input_ids, response_mask, temperature):
+    lp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    return torch.where(response_mask, lp.gather(-1, input_ids[..., None])[..., 0], 0.0)
+
+
+@pytest.mark.polgrad_conforms(
+    "next-token", kind="logprobs", layout="packed", checks=["packed-boundary"]
+)
+def logprobs_packed_roll(logits, input_ids, cu_seqlens, temperature):
+    """torch.roll over the whole stream (verl #6475)."""
+    lp = torch.log_softmax(logits.double() / temperature, dim=-1)
+    picked = lp.gather(-1, torch.roll(input_ids, -1, dims=0)[:, None])[:, 0]
+    return torch.roll(picked, 1, dims=0)
 '''
 
 VALUE = ("function", "reference")
@@ -211,6 +235,12 @@ CASES: dict[tuple[str, str], tuple[str, str]] = {
     ("entropy_scaled[scale=2.0]", "value"): VALUE,
     ("entropy_detached_leaky", "gradient"): GRADIENT,
     ("entropy_detached_leaky", "padding-values"): OWN,
+    ("agg_packed_across", "value"): VALUE,
+    ("logprobs_no_shift", "value"): VALUE,
+    ("logprobs_packed_roll", "packed-boundary"): (
+        "sequence 0: its outputs move by",
+        "reads across the boundary of sequence 0",
+    ),
 }
 
 HEAD = "  reproduce (standalone):\n"
@@ -225,7 +255,7 @@ SCALAR = re.compile(rf"^  \S.*?\s+({NUMBER})\s+({NUMBER})$", re.M)
 
 def _report(text: str, name: str, check: str) -> str:
     """The failure report of ``check`` of ``name`` in pytest's output."""
-    start = re.search(rf"{re.escape(name)} does not conform to '\w+': check '{check}'", text)
+    start = re.search(rf"{re.escape(name)} does not conform to '[^']+': check '{check}'", text)
     assert start, (name, check)
     end = text.find("\n  replay ", start.start())
     return text[start.start() : end]
