@@ -37,6 +37,10 @@ USER_PROJECT = {
     "tests/test_polgrad_verl_adapter.py",  # docs/frameworks.md, marking framework code
     "tests/test_polgrad_verl.py",
     "tests/test_polgrad_openrlhf.py",
+    "tests/test_polgrad_verl_entry_points.py",  # docs/frameworks.md, "Call it yourself"
+    "tests/test_polgrad_trl_entry_points.py",
+    "tests/test_polgrad_openrlhf_entry_points.py",
+    "tests/test_polgrad_deviations.py",
 }
 
 

@@ -134,3 +134,50 @@ def test_self_comparisons_allow_both_evaluations_their_rounding() -> None:
         else:
             assert passes, times
     assert math.isfinite(one) and one > 0
+
+
+def test_self_comparisons_allow_both_gradients_their_rounding() -> None:
+    """The gradient half of the self-comparison: its tolerance is twice one evaluation's
+    too (the ``2.0 *`` before ``torch.maximum(ref.grad_scale, ...)``), so a gradient entry
+    that moves by 1.5x one evaluation's tolerance between the two calls passes, 2.5x fails
+    (issue 27: dropping this factor 2 had no targeted test)."""
+    import dataclasses
+    import math
+
+    from pytest_polgrad.core.corpus import canonical_corpus
+    from pytest_polgrad.core.engine import build_context
+    from pytest_polgrad.core.options import parse_marker
+    from pytest_polgrad.core.verdicts import CheckFailure
+    from pytest_polgrad.kinds.policy_loss.checks import _same_result, evaluate
+    from tests.helpers.sample_losses import dapo
+
+    ctx = build_context(dapo, parse_marker(("dapo",), {}))
+    batch = canonical_corpus()["ragged"]
+    a = evaluate(ctx, batch)
+    assert a.grad is not None
+    ref = ctx.expected(batch)
+    assert ref.cond is not None and ref.cond_native is not None
+    assert ref.grad_scale_native is not None
+    ga = a.grad.to(torch.float64)
+    mask = batch["response_mask"]
+    own = torch.where(mask, ga.abs(), 0.0)
+    own = own + own.amax(dim=1, keepdim=True)
+    scale = torch.maximum(ref.grad_scale, own * ref.cond)
+    native = torch.maximum(ref.grad_scale_native, own * ref.cond_native)
+    b, t = (int(i) for i in ref.clear.nonzero()[0])  # a response token away from any kink
+    probe = torch.zeros_like(ga)
+    probe[b, t] = 1.0  # far beyond every precision's tolerance: the loosest one's ratio
+    _cmp, ratios = ctx.tolerance.tensor(ga + probe, ga, scale, ref.clear, native_scale=native)
+    one = 1.0 / float(ratios[b, t])  # one evaluation's tolerance at that token
+    width = mask.shape[1]
+    for times, passes in ((1.5, True), (2.5, False)):
+        moved = ga + times * one * probe
+        other = dataclasses.replace(a, grad=moved.to(a.grad.dtype))
+        try:
+            _same_result(ctx, batch, a, other, "nothing changes", width)
+        except CheckFailure as exc:
+            assert not passes, times
+            assert "gradient changes" in str(exc), exc
+        else:
+            assert passes, times
+    assert math.isfinite(one) and one > 0
