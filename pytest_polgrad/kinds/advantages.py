@@ -29,6 +29,7 @@ from polgrad_reference.advantages import (
     token_level_rewards,
 )
 from pytest_polgrad.core.calls import on_canonical_batch
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
@@ -440,7 +441,8 @@ def _check_gradient(ctx: Any, kw: Mapping[str, Any]) -> float:
         ctx.notes.add("advantages are detached from rewards and values (no gradient flows)")
         return 0.0
     weights = torch.linspace(0.5, 1.5, adv.numel(), dtype=adv.dtype).reshape(adv.shape)
-    grads = torch.autograd.grad((adv * weights).sum(), list(leaves.values()), allow_unused=True)
+    with charged():  # the backward through the function's result is its own
+        grads = torch.autograd.grad((adv * weights).sum(), list(leaves.values()), allow_unused=True)
     for name, g in zip(leaves, grads, strict=True):
         if g is None:
             continue

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from polgrad_reference import ALGORITHMS, Aggregation, aggregate, get_algorithm, token_weights
 from pytest_polgrad.core.calls import _pick_loss
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -93,7 +94,8 @@ def _call(ctx: AggContext, inputs: Mapping[str, torch.Tensor], what: str) -> _Ev
         raise Verdict(f"the function returned {out.item()} on {what}")
     if not out.requires_grad:
         raise Verdict(f"{what}: the result is not differentiable in {ctx.value_name}")
-    (g,) = torch.autograd.grad(out, x, allow_unused=True)
+    with charged():  # the backward through the function's result is its own
+        (g,) = torch.autograd.grad(out, x, allow_unused=True)
     if g is None:
         raise Verdict(f"{what}: the result does not depend on {ctx.value_name}")
     return _Eval(out.detach(), g.detach())

@@ -22,6 +22,7 @@ import torch
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.entropy import token_entropy
 from pytest_polgrad.core.calls import on_canonical_batch
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
@@ -166,7 +167,8 @@ def call_entropy(
     if not out.requires_grad:
         raise Verdict("the returned entropy is not differentiable in logits (no grad_fn)")
     total = out.sum() if out.dim() == 0 else torch.where(mask, out, 0.0).sum()
-    (g,) = torch.autograd.grad(total, given["logits"], allow_unused=True)
+    with charged():  # the backward through the function's result is its own
+        (g,) = torch.autograd.grad(total, given["logits"], allow_unused=True)
     if g is None:
         raise Verdict("the returned entropy does not depend on logits (gradient is None)")
     return out.detach(), g, given

@@ -34,6 +34,7 @@ from polgrad_reference import (
 )
 from polgrad_reference.kl import k_values, ratio_weighted
 from pytest_polgrad.core.calls import _pick_loss
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -143,7 +144,8 @@ def _call(
                           "the loss, its gradient is what trains the policy)")  # fmt: skip
         v = _weights(ctx.ref, mask).to(out.dtype)
         target = out if out.dim() == 0 else (torch.where(mask, out, 0.0) * v).sum()
-        (gg,) = torch.autograd.grad(target, lp, allow_unused=True)
+        with charged():  # the backward through the function's result is its own
+            (gg,) = torch.autograd.grad(target, lp, allow_unused=True)
         if gg is None:
             raise Verdict(f"{what}: the penalty does not depend on logprobs")
         g = gg.detach().to(torch.float64)

@@ -22,6 +22,7 @@ import torch
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.value import value_loss_per_token
 from pytest_polgrad.core.calls import on_canonical_batch
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
@@ -180,7 +181,8 @@ def call_value_loss(
         return loss.detach(), None, given
     if not loss.requires_grad:
         raise Verdict("the returned loss is not differentiable in values (no grad_fn)")
-    (g,) = torch.autograd.grad(loss, given["values"], allow_unused=True)
+    with charged():  # the backward through the function's result is its own
+        (g,) = torch.autograd.grad(loss, given["values"], allow_unused=True)
     if g is None:
         raise Verdict("the returned loss does not depend on values (gradient is None)")
     if ctx.options.layout == "left":

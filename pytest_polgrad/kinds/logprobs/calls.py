@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.kinds._tokens import TokenContext, call_guarded, pick_output
 from pytest_polgrad.strategies._logits import pack_rows, unpack_rows
@@ -129,7 +130,8 @@ def call_logprobs(ctx: LogprobsContext, kw: Mapping[str, Any], *, grad: bool = T
         raise Verdict("the returned logprobs are not differentiable in logits (no grad_fn)")
     sel = pack_rows(mask, lengths) if ctx.layout == "packed" else mask
     total = torch.where(sel, out, torch.zeros((), dtype=out.dtype)).sum()
-    (g,) = torch.autograd.grad(total, given["logits"], allow_unused=True)
+    with charged():  # the backward through the function's result is its own
+        (g,) = torch.autograd.grad(total, given["logits"], allow_unused=True)
     if g is None:
         raise Verdict("the returned logprobs do not depend on logits (gradient is None)")
     if ctx.layout == "packed":
