@@ -172,6 +172,10 @@ def assert_conforms(
     from pytest_polgrad.core.expect import judge
     from pytest_polgrad.pytest.collect import checks_for_options
 
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise MarkerError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise MarkerError(f"name must be a non-empty string or None, got {name!r}")
     opts = parse_marker((reference,), {**options, "max_examples": max_examples})
     if "golden" in opts.expect:
         raise MarkerError("expect= names 'golden', which runs only under pytest (a snapshot)")

@@ -181,8 +181,22 @@ class ConformanceOptions:
         _one_of("advantages", self.advantages, ADVANTAGE_SHAPES)
         _one_of("layout", self.layout, LAYOUTS)
         _one_of("dtype", self.dtype, DTYPES)
-        if self.loss is not None and not isinstance(self.loss, (str, int)):
-            raise MarkerError(f"loss must be a key (str) or index (int), got {self.loss!r}")
+        loss = self.loss
+        if loss is not None and (
+            isinstance(loss, bool) or not isinstance(loss, (str, int)) or loss == ""
+        ):
+            raise MarkerError(f"loss must be a key (str) or index (int), got {loss!r}")
+        ident = self.id
+        if ident is not None and (
+            not isinstance(ident, str)
+            or not ident.strip()
+            or not ident.isprintable()
+            or any(c in ident for c in ("/", "::", "[", "]"))
+        ):
+            raise MarkerError(
+                "id must be a non-empty printable string without '/', '::', '[' or ']' (it "
+                f"becomes part of each item's node id), got {ident!r}"
+            )
         tol = self.tolerance
         half = self.dtype in ("bfloat16", "float16")
         cap = MAX_HALF_TOLERANCE if half else MAX_TOLERANCE

@@ -82,9 +82,17 @@ def _subject(collector: Any, name: str, obj: object) -> tuple[object, list[Any]]
             )
         mark = pytest.mark.polgrad_conforms(obj.args[0], **obj.kwargs).mark
         return obj.args[1], [mark, *_marks(obj.args[1])]
-    marks = _marks(obj)
+    wrapped = isinstance(obj, (staticmethod, classmethod))
+    marks = (
+        [*_marks(obj), *_marks(obj.__func__)]
+        if isinstance(obj, (staticmethod, classmethod))
+        else _marks(obj)
+    )
     if not any(getattr(m, "name", None) == MARKER for m in marks) and not _param_marked(marks):
+        _refuse_uncollected_class(collector, name, obj)
         return None
+    if wrapped:  # the function as the class gives it: plain, or bound to the class
+        return getattr(collector.obj, name), marks
     if inspect.isclass(obj):
         raise MarkerError(
             f"marks the class {name}; the kit checks functions: mark a def that calls it, "
@@ -102,6 +110,26 @@ def _subject(collector: Any, name: str, obj: object) -> tuple[object, list[Any]]
     if not callable(obj):
         raise MarkerError(f"marks {type(obj).__name__} {obj!r:.60}, which is not callable")
     return obj, marks
+
+
+def _marked(obj: object) -> bool:
+    inner = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    return any(getattr(m, "name", None) == MARKER for m in (*_marks(obj), *_marks(inner)))
+
+
+def _refuse_uncollected_class(collector: Any, name: str, obj: object) -> None:
+    """A class pytest does not collect (its name does not match ``python_classes``)
+    whose methods carry the marker would generate nothing, silently: an error naming it."""
+    matches = getattr(collector, "classnamefilter", None)
+    if not inspect.isclass(obj) or not callable(matches) or matches(name):
+        return
+    marked = sorted(n for n, v in vars(obj).items() if _marked(v))
+    if marked:
+        raise MarkerError(
+            f"marks method(s) {', '.join(marked)} of class {name}, which pytest does not "
+            "collect (its name does not match python_classes, e.g. Test*): rename the "
+            "class or mark a module-level function"
+        )
 
 
 def _param_marked(marks: list[Any]) -> bool:
@@ -232,9 +260,6 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
     kind = kind_of(options)
     unrestricted = dataclasses.replace(options, checks=None) if options.checks else options
     applicable = [c.name for c in kind.checks(config, unrestricted)]
-    applicable += [  # checks a kind runs only when checks= names them (opt-in)
-        c.name for c in kind.checks(config, options) if c.name not in applicable
-    ]
     if options.kind != "policy_loss":  # the policy loss is validated by its static list
         named = [*options.expect, *(options.checks or ())]
         unknown = [n for n in named if n != "golden" and n not in applicable and not kind.check(n)]
@@ -257,6 +282,15 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
             f"options run: {[*applicable, 'golden']})"
         )
     return tuple(running)
+
+
+def _step_parameters(fn: Callable[..., Any]) -> None:
+    """A training step's required parameter the kit cannot fill is one collection error
+    (as the policy loss's), not a ``TypeError`` on every run."""
+    from pytest_polgrad.core.calls import ALIASES, resolve_parameters
+    from pytest_polgrad.kinds.training_step.kind import INFO_FIELDS, TENSORS
+
+    resolve_parameters(fn, (*TENSORS, *INFO_FIELDS, "step"), aliases=ALIASES, strict=True)
 
 
 def targets(collector: Any, name: str, obj: object) -> list[Target] | None:
@@ -301,6 +335,8 @@ def targets(collector: Any, name: str, obj: object) -> list[Target] | None:
             checks = checks_for_options(options, config)
             try:
                 build_context(bound, options, name=label)  # signature problems surface here
+                if options.kind == "training_step":
+                    _step_parameters(bound)
             except (AssertionError, ValueError, TypeError) as exc:
                 raise MarkerError(f"cannot check {label}: {exc}") from exc
             found.append(Target(name, pid, bound, options, checks, (*others, *rest)))

@@ -127,6 +127,15 @@ API_CASES: list[tuple[Callable[..., Any], str, dict[str, Any], type[Exception], 
         r"expect= names \['micro-batch'\]",
     ),
     (dapo, "dapo", {"tolerance": math.inf}, ValueError, "tolerance must be a multiplier"),
+    (dapo, "dapo", {"seed": "abc"}, ValueError, "seed must be an int, got str 'abc'"),
+    (dapo, "dapo", {"seed": 1.5}, ValueError, "seed must be an int, got float 1.5"),
+    (dapo, "dapo", {"seed": True}, ValueError, "seed must be an int"),
+    (dapo, "dapo", {"seed": None}, ValueError, "seed must be an int"),
+    (dapo, "dapo", {"name": 3}, ValueError, "name must be a non-empty string"),
+    (dapo, "dapo", {"name": ""}, ValueError, "name must be a non-empty string"),
+    (dapo, "dapo", {"loss": True}, ValueError, r"loss must be a key \(str\) or index"),
+    (dapo, "dapo", {"id": 5}, ValueError, "id must be a non-empty printable string"),
+    (dapo, "dapo", {"id": "a\nb"}, ValueError, "id must be a non-empty printable string"),
 ]
 
 
@@ -354,4 +363,4 @@ BAD_INPUT_COUNT = (
 
 
 def test_the_count_of_bad_inputs() -> None:
-    assert BAD_INPUT_COUNT == 74
+    assert BAD_INPUT_COUNT == 83
