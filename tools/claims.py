@@ -367,6 +367,55 @@ CLAIMS: tuple[Claim, ...] = (
         "frameworks.md",
         "tests/frameworks/test_recorded.py::test_recorded_outputs_differ_from_the_named_algorithm",
     ),
+    # ------------------------------------------------- logprobs and packed layouts (issue 31)
+    Claim(
+        "correct logprob functions (plain, TRL-style slicing, chunked over V, rolled labels, "
+        "packed, a fixed temperature) pass every logprobs check in float64, float32 and from "
+        "bf16 logits",
+        "logprobs.md",
+        "tests/kinds/logprobs/test_kind.py::test_correct_implementations_pass_every_check",
+    ),
+    Claim(
+        "each logprob bug of issue 31 (missing shift, shift the wrong way, off by one, "
+        "temperature missing / twice / rollout side only, bf16 log-softmax, roll across a "
+        "packed boundary, sentinel padding) fails the check that names it",
+        "logprobs.md",
+        "tests/kinds/logprobs/test_kind.py::test_each_bug_fails_the_check_that_names_it",
+    ),
+    Claim(
+        "a torch.roll over the packed stream is named: the sequence it reads across and the "
+        "one whose change alone moves it",
+        "logprobs.md",
+        "tests/kinds/logprobs/test_kind.py::test_packed_boundary_names_the_sequence_and_its_neighbour",
+    ),
+    Claim(
+        "a bf16 log-softmax passes value and fails only float32-log-softmax",
+        "logprobs.md",
+        "tests/kinds/logprobs/test_kind.py::test_bfloat16_error_is_what_float32_log_softmax_catches",
+    ),
+    Claim(
+        "the logprobs golden replays green and fails when the temperature is applied twice",
+        "logprobs.md",
+        "tests/kinds/logprobs/test_golden.py::test_the_golden_is_recorded_replayed_and_catches_a_drift",
+    ),
+    Claim(
+        "every correct implementation of the false-alarm sweep gets the same verdict on every "
+        "check padded and packed",
+        "packed.md",
+        "tests/kinds/test_packed.py::test_every_correct_implementation_gets_the_same_verdict_padded_and_packed",
+    ),
+    Claim(
+        "functions written for the packed stream (cu_seqlens or position_ids) pass every check "
+        "of the entropy, aggregation, value-loss and advantages kinds",
+        "packed.md",
+        "tests/kinds/test_packed.py::test_functions_written_for_the_stream_pass_every_check",
+    ),
+    Claim(
+        "reading one token across a packed sequence boundary fails value in the aggregation, "
+        "value-loss and advantages kinds",
+        "packed.md",
+        "tests/kinds/test_packed.py::test_reading_across_a_sequence_boundary_fails_value",
+    ),
 )
 
 
