@@ -14,7 +14,7 @@ import inspect
 import os
 import re
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -182,21 +182,31 @@ def _shape_hint(exc: BaseException, kwargs: Mapping[str, Any]) -> str:
 
 
 def resolve_parameters(
-    fn: Callable[..., Any], names: tuple[str, ...] = INPUT_NAMES
+    fn: Callable[..., Any],
+    names: Iterable[str] = INPUT_NAMES,
+    *,
+    aliases: Mapping[str, tuple[str, ...]] = ALIASES,
+    strict: bool = True,
 ) -> dict[str, str]:
     """``{input name: parameter name}`` for the inputs among ``names`` that ``fn``
-    takes, by canonical name or an unambiguous alias (:data:`ALIASES`); all of them,
-    by canonical name, with ``**kwargs``. Raises :class:`SignatureError` once, naming
-    the accepted spellings, for a required parameter the kit cannot fill, two
-    parameters for one input, or positional-only tensor parameters."""
+    takes, by canonical name or an unambiguous alias (``aliases``, default
+    :data:`ALIASES`; a canonical name is never read as another input's alias); all of
+    them, by canonical name, with ``**kwargs``. The one parameter resolver of every kind.
+
+    ``strict``: raise :class:`SignatureError` once, naming the accepted spellings, for a
+    required parameter the kit cannot fill, two parameters for one input, or
+    positional-only tensor parameters (the policy loss); otherwise they are not raised
+    (a positional-only one is kept: its call fails and the token kinds report it). An
+    unreadable signature is always a :class:`SignatureError`."""
+    names = tuple(names)
     label = getattr(fn, "__qualname__", repr(fn))
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError) as exc:
         raise SignatureError(f"cannot read the signature of {label}: {exc}") from exc
-    spelled = {n: n for n in names} | {alias: n for n in names for alias in ALIASES.get(n, ())}
+    spelled = {alias: n for n in names for alias in aliases.get(n, ())} | {n: n for n in names}
     accepted = "; ".join(
-        f"{n} (or {', '.join(ALIASES[n])})" if ALIASES.get(n) else n for n in names
+        f"{n} (or {', '.join(aliases[n])})" if aliases.get(n) else n for n in names
     )
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
     found: dict[str, str] = {}
@@ -213,14 +223,14 @@ def resolve_parameters(
             if required:
                 problems.append(f"required parameter {p.name!r} is not an input the kit provides")
             continue
-        if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY and strict:
             problems.append(f"parameter {p.name!r} is positional-only; the kit passes keywords")
             continue
         if canonical in found:
             problems.append(f"parameters {found[canonical]!r} and {p.name!r} both name {canonical}")
             continue
         found[canonical] = p.name
-    if problems:
+    if problems and strict:
         raise SignatureError(
             f"{label}: {'; '.join(problems)}. A marked function takes keyword tensors "
             f"among: {accepted}; give any other parameter a default, or wrap the function"

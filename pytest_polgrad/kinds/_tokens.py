@@ -4,7 +4,6 @@ object, the running context, a guarded call of the function under test, report h
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -12,6 +11,7 @@ from typing import Any, TypeVar
 import torch
 
 from polgrad_reference.config import Aggregation
+from pytest_polgrad.core.calls import SignatureError, resolve_parameters
 from pytest_polgrad.core.calls import guarded_call as call_guarded  # one safe call for every kind
 from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
@@ -21,9 +21,11 @@ from pytest_polgrad.strategies._snippet import snippet
 
 __all__ = [
     "DTYPES",
+    "Takes",
     "TokenContext",
     "TokenInputs",
     "aggregation_override",
+    "as_passed",
     "call_guarded",
     "check_overrides",
     "fmt",
@@ -212,16 +214,40 @@ class TokenContext:
         return cmp.error
 
 
-def parameters(fn: Callable[..., Any], universe: Iterable[str]) -> frozenset[str]:
-    """The names of ``universe`` that ``fn`` accepts as keywords (all with ``**kwargs``)."""
+class Takes(frozenset[str]):
+    """The inputs a function takes, by canonical name, and the parameter each is passed as
+    (``spelled``: canonical name -> the function's own name, e.g. ``log_probs``)."""
+
+    spelled: Mapping[str, str]
+
+    def __new__(cls, spelled: Mapping[str, str]) -> Takes:
+        made = super().__new__(cls, spelled)
+        made.spelled = dict(spelled)
+        return made
+
+
+def parameters(
+    fn: Callable[..., Any],
+    universe: Iterable[str],
+    aliases: Mapping[str, tuple[str, ...]] | None = None,
+) -> Takes:
+    """The names of ``universe`` that ``fn`` accepts as keywords (all with ``**kwargs``),
+    by canonical name or one of its ``aliases`` (none by default; the training step's:
+    :data:`~pytest_polgrad.core.calls.ALIASES`), through the one resolver of every kind
+    (:func:`~pytest_polgrad.core.calls.resolve_parameters`, not strict: a parameter the
+    kit cannot fill shows as a failing call)."""
     try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError) as exc:
-        raise Verdict(f"cannot read the signature of {fn!r}: {exc}") from exc
-    names = set(universe)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return frozenset(names)
-    return frozenset(p.name for p in params if p.name in names)
+        found = resolve_parameters(fn, universe, aliases=aliases or {}, strict=False)
+    except SignatureError as exc:
+        raise Verdict(f"cannot read the signature of {fn!r}: {exc.__cause__}") from exc
+    return Takes(found)
+
+
+def as_passed(takes: frozenset[str], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` (by canonical name) under the function's own parameter names, when
+    ``takes`` came from :func:`parameters` with aliases."""
+    spelled = takes.spelled if isinstance(takes, Takes) else {}
+    return {spelled.get(k, k): v for k, v in kwargs.items()}
 
 
 def pick_output(result: object, key: object, default: str) -> object:

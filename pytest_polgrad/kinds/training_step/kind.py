@@ -32,7 +32,7 @@ import torch
 from hypothesis import strategies as st
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
-from pytest_polgrad.core.calls import _pick_loss
+from pytest_polgrad.core.calls import ALIASES, _pick_loss
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -48,7 +48,9 @@ from pytest_polgrad.core.snippets import (
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._accumulation import Scheme, row_facts, schemes
 from pytest_polgrad.kinds._tokens import (
+    Takes,
     TokenContext,
+    as_passed,
     bitwise_equal,
     call_guarded,
     check_overrides,
@@ -168,7 +170,7 @@ def accumulate(
                     kwargs[name] = getattr(info, name)
             if "step" in ctx.takes:
                 kwargs["step"] = info
-            result = call_guarded(ctx.fn, kwargs, where)
+            result = call_guarded(ctx.fn, as_passed(ctx.takes, kwargs), where)
             if result is None:
                 if lp.grad is None:
                     raise Verdict(
@@ -401,11 +403,17 @@ class TrainingStepKind(Kind):
     def context(
         self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
     ) -> StepContext:
-        takes = parameters(fn, (*TENSORS, *INFO_FIELDS, "step"))
+        takes = parameters(fn, (*TENSORS, *INFO_FIELDS, "step"), ALIASES)
         if "logprobs" not in takes:
             raise Verdict(
                 f"{name!r} has no 'logprobs' parameter; a marked training step takes the "
                 f"micro-batch's keyword tensors among {', '.join(TENSORS)} and StepInfo fields"
+            )
+        if options.distributed is not None and _aliased(takes):
+            raise MarkerError(
+                f"{name!r} takes {sorted(_aliased(takes).values())}: distributed= passes the "
+                f"inputs by their canonical names ({', '.join(sorted(_aliased(takes)))}); "
+                "name the step's parameters so"
             )
         cfg: PolicyLossConfig = config
         notes = set()
@@ -652,6 +660,21 @@ def diagnose_step(ctx: StepContext, inputs: StepInputs | None) -> Diagnosis:
 # --------------------------------------------------------------------------- snippet
 
 
+def _aliased(takes: frozenset[str]) -> dict[str, str]:
+    """Canonical name -> the step's own parameter name, for the inputs it takes by alias."""
+    spelled = takes.spelled if isinstance(takes, Takes) else {}
+    return {k: v for k, v in spelled.items() if k != v}
+
+
+def _renamed(takes: frozenset[str], indent: str) -> list[str]:
+    """The snippet line passing the inputs under the step's own parameter names (an
+    alias such as ``log_probs``); none when it takes the canonical names."""
+    renames = _aliased(takes)
+    if not renames:
+        return []
+    return [f"{indent}kw = {{{renames!r}.get(k, k): v for k, v in kw.items()}}  # its names"]
+
+
 def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
     """Standalone Python: the step as the kit runs it (the function on every micro-batch
     of the split, accumulated as a trainer does), the full-batch float64 reference, and
@@ -687,6 +710,7 @@ def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
         "            kw = dict(mb)",
         *[f"            kw[{n!r}] = info.{n}" for n in info],
         *(["            kw['step'] = info"] if "step" in ctx.takes else []),
+        *_renamed(ctx.takes, "            "),
         f"            out = {where.call}(**kw)",
         pick_line(ctx.options.loss, "loss", indent="            "),
         "            if out is None:  # the function ran backward itself",

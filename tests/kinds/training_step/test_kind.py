@@ -348,7 +348,7 @@ def test_a_step_without_logprobs_is_a_verdict() -> None:
     kind = get_kind("training_step")
     opts = ConformanceOptions("dapo", kind="training_step")
     with pytest.raises(Verdict, match="has no 'logprobs' parameter"):
-        kind.context(lambda log_probs, response_mask: 0, "f", kind.resolve(opts), opts)
+        kind.context(lambda lp, response_mask: 0, "f", kind.resolve(opts), opts)
 
 
 def _upcast(fn):  # type: ignore[no-untyped-def]
