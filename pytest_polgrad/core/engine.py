@@ -383,11 +383,14 @@ def run_check(
         kind=kind.name,
     )
     if found is None:
-        return _timed(dataclasses.replace(result, notes=tuple(sorted(ctx.notes))), start, charged)
+        seconds, own = _timing(start, charged)
+        notes = tuple(sorted(ctx.notes))
+        return dataclasses.replace(result, notes=notes, seconds=seconds, function_seconds=own)
     found, searched = _refine(kind, ctx, check, found, seed, max_examples)
     report, diagnosis, match = _report(kind, ctx, check, found, replay, diagnose=diagnose)
     exc = found.exc
-    failed = dataclasses.replace(
+    seconds, own = _timing(start, charged)
+    return dataclasses.replace(
         result,
         examples=examples + searched,
         worst=max(ctx.worst, float(getattr(exc, "error", math.inf))),
@@ -396,15 +399,15 @@ def run_check(
         diagnosis=diagnosis,
         match=match,
         notes=tuple(sorted(ctx.notes)),
+        seconds=seconds,
+        function_seconds=own,
     )
-    return _timed(failed, start, charged)
 
 
-def _timed(result: CheckResult, start: float, charged: float) -> CheckResult:
-    """``result`` with the time since ``start`` and the function's share of it."""
+def _timing(start: float, charged: float) -> tuple[float, float]:
+    """The seconds since ``start`` and, of them, the function's (charged since ``charged``)."""
     total = time.perf_counter() - start
-    own = min(spent() - charged, total)
-    return dataclasses.replace(result, seconds=total, function_seconds=own)
+    return total, min(spent() - charged, total)
 
 
 def _refine(
