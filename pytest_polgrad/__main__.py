@@ -19,6 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from pytest_polgrad.core.options import did_you_mean, parse_marker
+from pytest_polgrad.core.verdicts import Verdict
+from pytest_polgrad.pytest.collect import reference_hint
+
 __all__ = ["UsageProblem", "load_function", "main", "which"]
 
 PROG = "python -m pytest_polgrad"
@@ -62,12 +68,9 @@ def load_function(spec: str) -> Callable[..., Any]:
     try:
         fn = getattr(module, name)
     except AttributeError:
-        from pytest_polgrad.core.options import did_you_mean
-
         raise UsageProblem(
             f"{where} has no attribute {name!r}{did_you_mean(name, dir(module))}"
         ) from None
-    import pytest
 
     if isinstance(fn, pytest.MarkDecorator) and len(fn.args) == 2 and callable(fn.args[1]):
         fn.args[1].pytestmark = [pytest.mark.polgrad_conforms(fn.args[0], **fn.kwargs).mark]
@@ -80,6 +83,7 @@ def load_function(spec: str) -> Callable[..., Any]:
 def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = None) -> str:
     """A readable ranking of the semantics closest to ``fn``; raises ``Verdict`` when
     ``fn`` cannot be evaluated on the canonical corpus."""
+    # torch only once a function is ranked: --help and usage errors answer without it
     from pytest_polgrad.core.engine import build_context
     from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import diagnose, explain
 
@@ -110,8 +114,6 @@ def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = 
 
 def _options(fn: Callable[..., Any], args: argparse.Namespace) -> Any:
     """The function's own marker options when it is marked, command-line flags override."""
-    from pytest_polgrad.core.options import parse_marker
-
     marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "polgrad_conforms"]
     reference, kwargs = ("grpo", {}) if not marks else (marks[0].args[0], dict(marks[0].kwargs))
     for ignored in ("expect", "checks", "max_examples"):
@@ -155,7 +157,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from pytest_polgrad.core.verdicts import Verdict
 
     def fail(message: str, code: int = 2) -> int:
         print(f"{PROG} which: {message}", file=sys.stderr)
@@ -165,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         fn = load_function(args.function)
         options = _options(fn, args)
         name = args.function.partition("::")[2]
-        from pytest_polgrad.core.engine import build_context
-        from pytest_polgrad.pytest.collect import reference_hint
+        from pytest_polgrad.core.engine import build_context  # torch: after the usage checks
 
         try:
             build_context(fn, options, name=name)

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import sys
+import tempfile
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,11 @@ from typing import Any
 import pytest
 
 from pytest_polgrad.core import saved_snippets
+from pytest_polgrad.core.expect import BASIS, declared_fields, excused_reason, fmt, judge
 from pytest_polgrad.core.options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
+from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
 from pytest_polgrad.pytest.collect import Target, targets
+from pytest_polgrad.pytest.guard import SnapshotGuard
 from pytest_polgrad.pytest.notes import passing_notes
 from pytest_polgrad.pytest.threads import apply as apply_threads
 from pytest_polgrad.pytest.threads import parse as parse_threads
@@ -206,7 +210,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_SNIPPETS_BEFORE] = saved_snippets.current()
     saved_snippets.save_under(_snippet_directory(config))
     config.pluginmanager.register(Reporter(config), "polgrad-reporter")
-    from pytest_polgrad.pytest.guard import SnapshotGuard
 
     config.pluginmanager.register(SnapshotGuard(config), "polgrad-snapshot-guard")
 
@@ -227,8 +230,6 @@ def _snippet_directory(config: pytest.Config) -> Callable[[], Path]:
     def directory() -> Path:
         factory = getattr(config, "_tmp_path_factory", None)  # tmp_path_factory's own
         if factory is None:  # -p no:tmpdir
-            import tempfile
-
             path = Path(tempfile.gettempdir()) / "pytest-polgrad"
         else:
             path = factory.getbasetemp() / "polgrad"
@@ -294,8 +295,6 @@ class PolgradItem(pytest.Item):
         report = str(result.report)
         if not _is_verdict(report):
             return report
-        from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
-
         first = self.target.verdicts.setdefault(verdict_key(str(result.message)), self.check)
         if first == self.check:
             return report
@@ -309,8 +308,7 @@ class PolgradItem(pytest.Item):
         self.check = check
 
     def runtest(self) -> None:
-        from pytest_polgrad.core.engine import build_context, run_check
-        from pytest_polgrad.core.expect import declared_fields, excused_reason, judge
+        from pytest_polgrad.core.engine import build_context, run_check  # torch: at run only
 
         s = settings(self.config)
         if _THREADS_SET not in self.config.stash:
@@ -385,7 +383,10 @@ class PolgradItem(pytest.Item):
 def _golden_item(collector: pytest.Module | pytest.Class, target: Target) -> pytest.Function:
     """The ``golden`` check: a real pytest function using syrupy's ``snapshot`` fixture,
     so ``--snapshot-update``, unused-snapshot reports and xdist locking all apply."""
-    from pytest_polgrad.pytest.golden import GoldenMismatch, golden_test
+    from pytest_polgrad.pytest.golden import (  # syrupy: golden items only
+        GoldenMismatch,
+        golden_test,
+    )
 
     item = pytest.Function.from_parent(
         collector,
@@ -593,8 +594,6 @@ def _declared_sizes(rows: list[dict[str, Any]]) -> str:
     tolerance on the canonical corpus, declared at most 3e+03x" for each one over its
     bound, "declared, not shown by the canonical corpus: value" for those at most 1x
     there; "" when none has a size (an exact property's deviation has none)."""
-    from pytest_polgrad.core.expect import BASIS, fmt  # no torch
-
     excused: list[str] = []
     unseen: list[str] = []
     grew: list[str] = []
@@ -695,7 +694,7 @@ def summary_rows(results: list[dict[str, Any]]) -> Iterator[tuple[str, ...]]:
 def polgrad_oracle() -> Callable[..., Any]:
     """Factory: ``polgrad_oracle("grpo", budget=8)`` returns a callable
     ``oracle(**batch) -> PolicyLossOutput`` of the reference (float64)."""
-    from pytest_polgrad.pytest.fixtures import make_oracle
+    from pytest_polgrad.pytest.fixtures import make_oracle  # torch: when the fixture is used
 
     return make_oracle
 
@@ -703,7 +702,7 @@ def polgrad_oracle() -> Callable[..., Any]:
 @pytest.fixture
 def polgrad_batch() -> Callable[..., Any]:
     """Factory of canonical batches: ``polgrad_batch("ragged", dtype=torch.float32)``."""
-    from pytest_polgrad.pytest.fixtures import make_batch
+    from pytest_polgrad.pytest.fixtures import make_batch  # torch: when the fixture is used
 
     return make_batch
 
@@ -712,7 +711,7 @@ def polgrad_batch() -> Callable[..., Any]:
 def polgrad_snapshot(snapshot: Any) -> Any:
     """syrupy's ``snapshot`` preconfigured for tensors and loss results: one ``.polgrad``
     text file per assertion, compared within the dtype's tolerance (docs/snapshots.md)."""
-    from pytest_polgrad.core.golden_format import PolgradSnapshotExtension
+    from pytest_polgrad.core.golden_format import PolgradSnapshotExtension  # syrupy: when used
 
     return snapshot.use_extension(PolgradSnapshotExtension)
 
@@ -720,7 +719,7 @@ def polgrad_snapshot(snapshot: Any) -> Any:
 @pytest.fixture
 def polgrad_report_type() -> type:
     """The result type of one check (``CheckResult``), for typing custom reporting."""
-    from pytest_polgrad.core.engine import CheckResult
+    from pytest_polgrad.core.engine import CheckResult  # torch: when the fixture is used
 
     return CheckResult
 
@@ -730,6 +729,6 @@ def polgrad_diagnostics() -> Any:
     """The ``polgrad_reference.diagnostics`` module (imported on first use, so loading the
     plugin still imports no torch): run-pathology detectors with calibrated alarms
     (docs/diagnostics.md)."""
-    from polgrad_reference import diagnostics
+    from polgrad_reference import diagnostics  # torch: when the fixture is used
 
     return diagnostics
