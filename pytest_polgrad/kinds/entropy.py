@@ -570,6 +570,22 @@ def _error(
     return worst
 
 
+def _negative(ref: EntropyReference, observed: Mapping[str, Any]) -> str:
+    """A clause for a negative entropy (``H >= 0`` for every distribution) where the
+    reference is not negated: what a sentinel logprob > 0 at padding gives (TRL PR #6121)."""
+    if ref.negate:
+        return ""
+    for name, (kw, out, _) in observed.items():
+        low = out if out.dim() == 0 else out[kw["response_mask"]]
+        if low.numel() and float(low.min()) < 0:
+            return (
+                f"the entropy is negative on corpus batch {name!r} ({float(low.min()):.4g}), "
+                "and H >= 0 for every distribution: padding counted with a sentinel logprob "
+                "> 0 (TRL's INVALID_LOGPROB = 1.0, TRL PR #6121) or a flipped sign; "
+            )
+    return ""
+
+
 def diagnose_entropy(ctx: TokenContext, inputs: Any) -> Diagnosis:
     """The closest candidate (aggregation, sign, base) on the corpus."""
     ref: EntropyReference = ctx.config
@@ -591,7 +607,8 @@ def diagnose_entropy(ctx: TokenContext, inputs: Any) -> Diagnosis:
     reference = f"the reference {ctx.options.reference_id!r} is {ref.describe(scalar)}"
     if err > 1.0:
         return Diagnosis(
-            f"no candidate entropy matches on the corpus; the closest is {label} (off by "
+            _negative(ref, observed)
+            + f"no candidate entropy matches on the corpus; the closest is {label} (off by "
             f"{err:.3g} tolerances); {reference}",
             "",
         )
