@@ -315,9 +315,9 @@ class PolgradItem(pytest.Item):
             self.config.stash[_THREADS_SET] = True
             apply_threads(s.torch_threads, self.config)
         budget = s.max_examples(self.options)
-        replay = (
-            f"pytest '{self.nodeid}' -p no:randomly --polgrad-seed={s.seed} "
-            f"--polgrad-max-examples={budget}"
+        replay = (  # a command line: the node id shell-quoted (issue 28)
+            f"pytest {saved_snippets.shell_word(self.nodeid)} -p no:randomly "
+            f"--polgrad-seed={s.seed} --polgrad-max-examples={budget}"
         )
         try:
             ctx = build_context(self.fn, self.options, name=self.target.label)

@@ -13,15 +13,24 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["INLINE_LINES", "current", "reproduce_lines", "save_under"]
+__all__ = ["INLINE_LINES", "current", "reproduce_lines", "save_under", "shell_word"]
 
 INLINE_LINES = 200
 """The longest snippet a report prints whole."""
 
 _directory: Callable[[], Path] | None = None
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell word, always in single quotes (:func:`shlex.quote`, which
+    leaves a word of safe characters bare): ``'tests/t.py::f[grpo-value]'``. Every
+    command line the kit prints quotes what it did not write itself (node ids, paths)."""
+    quoted = shlex.quote(text)
+    return quoted if quoted.startswith("'") else f"'{text}'"
 
 
 def save_under(directory: Callable[[], Path] | None) -> None:
@@ -54,6 +63,6 @@ def reproduce_lines(text: str, name: str, check: str) -> list[str]:
     ]
     return [
         f"  reproduce (standalone): {len(lines)} lines, too long to print, saved as",
-        f"    {path}",
+        f"    {shlex.quote(str(path))}",
         *(f"    {ln}" for ln in header),
     ]

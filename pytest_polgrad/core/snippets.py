@@ -20,6 +20,7 @@ import dataclasses
 import enum
 import functools
 import os
+import shlex
 import sys
 import sysconfig
 import types
@@ -270,9 +271,9 @@ def _holder(fn: Any, names: list[str]) -> tuple[Any, str] | None:
 
 def how_to_run(where: Importable) -> str:
     """What to do with the snippet: run it from ``where.run_from`` (the ``sys.path`` entries
-    it adds are relative to it), first pasting the definition of a function it cannot
-    import."""
-    run = f"save it as a file and run it with python from {where.run_from}"
+    it adds are relative to it; shell-quoted, :func:`shlex.quote`), first pasting the
+    definition of a function it cannot import."""
+    run = f"save it as a file and run it with python from {shlex.quote(where.run_from)}"
     if where.module is not None:
         return run
     return f"paste the definition of {where.attribute} where marked, then {run}"
