@@ -153,6 +153,17 @@ def _report_path(raw: object) -> Path | None:
             f"--polgrad-report={raw}: the directory {path.parent} does not exist; create it "
             "or give another path"
         )
+    existed = path.exists()
+    try:  # unwritable (read-only, /proc/x): a usage error now, not a red line at the end
+        with path.open("a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--polgrad-report={raw}: cannot write there ({exc.strerror or exc}); give "
+            "another path"
+        ) from None
     return path
 
 
@@ -530,8 +541,10 @@ class Reporter:
             ordered = sorted(self.results, key=lambda r: str(r["nodeid"]))
             try:
                 path.write_text(json.dumps(ordered, indent=2) + "\n")
-            except OSError as exc:
-                tr.write_line(f"polgrad JSON report NOT written: {exc}", red=True)
+            except OSError as exc:  # the run fails: its report was asked for (issue 28)
+                tr.write_line(f"--polgrad-report: JSON report NOT written: {exc}", red=True)
+                if tr._session is not None:
+                    tr._session.exitstatus = pytest.ExitCode.USAGE_ERROR
             else:
                 tr.write_line(f"polgrad JSON report written to {path}")
 

@@ -249,6 +249,8 @@ STARTUP_CASES: list[tuple[str, list[str], str]] = [
     ("polgrad_seed = 1.5", [], "ini option polgrad_seed must be an integer, got '1.5'"),
     ("", ["--polgrad-report", "{d}/missing/r.json"], "does not exist; create it"),
     ("", ["--polgrad-report", "{d}"], "--polgrad-report names a directory"),
+    ("", ["--polgrad-report", "/proc/polgrad.json"], "--polgrad-report=/proc/polgrad.json: cannot"),
+    ("", ["--polgrad-report", "/sys/polgrad.json"], "--polgrad-report=/sys/polgrad.json: cannot"),
 ]
 
 
@@ -270,6 +272,28 @@ def test_bad_settings_are_one_usage_error_at_startup(
     assert words in err
     assert err.count("ERROR") == 1 and "Traceback" not in err
     assert "passed" not in result.stdout.str() and "failed" not in result.stdout.str()
+
+
+def test_a_report_that_cannot_be_written_at_the_end_fails_the_run(
+    pytester: pytest.Pytester,
+) -> None:
+    """A report path writable at startup but not at the end (here a directory made there
+    by a test) is one line naming --polgrad-report and a non-zero exit, not exit 0."""
+    path = pytester.path / "r.json"
+    pytester.makepyfile(
+        "import os, pytest\n\n"
+        f"def test_block():\n    os.mkdir({str(path)!r})\n\n"
+        "@pytest.mark.polgrad_conforms('dapo', checks='value')\n"
+        "def f(logprobs, old_logprobs, advantages, response_mask):\n"
+        "    return (logprobs * advantages[:, None]).sum()\n"
+    )
+    result = inline_run.run(
+        pytester, "-p", "no:cacheprovider", "-p", "no:randomly", f"--polgrad-report={path}"
+    )
+    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, out
+    assert out.count("--polgrad-report: JSON report NOT written") == 1
+    assert "Traceback" not in out
 
 
 # ------------------------------------------------------------------ snapshot files
@@ -357,10 +381,11 @@ BAD_INPUT_COUNT = (
     + len(WHICH_CASES)
     + len(STARTUP_CASES)
     + len(SNAPSHOT_CASES)
-    + 4
+    + 5
 )
-"""Rows above, + the 3 unreadable files replaced on update and the failed write."""
+"""Rows above, + the 3 unreadable files replaced on update, the failed write and the
+report unwritable at the end."""
 
 
 def test_the_count_of_bad_inputs() -> None:
-    assert BAD_INPUT_COUNT == 83
+    assert BAD_INPUT_COUNT == 86
