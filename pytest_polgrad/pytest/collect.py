@@ -260,6 +260,9 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
     kind = kind_of(options)
     unrestricted = dataclasses.replace(options, checks=None) if options.checks else options
     applicable = [c.name for c in kind.checks(config, unrestricted)]
+    applicable += [  # checks a kind runs only when checks= names them (opt-in)
+        c.name for c in kind.checks(config, options) if c.name not in applicable
+    ]
     if options.kind != "policy_loss":  # the policy loss is validated by its static list
         named = [*options.expect, *(options.checks or ())]
         unknown = [n for n in named if n != "golden" and n not in applicable and not kind.check(n)]

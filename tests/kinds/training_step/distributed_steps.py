@@ -194,6 +194,62 @@ def bug_divides_by_empty(
     return mean * (micro_batch_tokens / global_tokens) * world_size
 
 
+# ------------------------------------------------- multi-term steps (judged by term)
+
+KL_COEF, ENTROPY_COEF = 0.04, 0.01
+
+
+def _kl_entropy(logprobs: T, old_logprobs: T, response_mask: T) -> tuple[T, T]:
+    """Per-token k3 KL to ``old_logprobs`` (Schulman's estimator) and the sampled-token
+    entropy estimate ``-logprobs``, both 0 at padding."""
+    d = torch.where(response_mask, old_logprobs - logprobs, 0.0)
+    kl = torch.where(response_mask, torch.exp(d) - d - 1.0, 0.0)
+    entropy = torch.where(response_mask, -logprobs, 0.0)
+    return kl, entropy
+
+
+def multi_term_global(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_tokens: int,
+    world_size: int, gradient_accumulation_steps: int,
+) -> dict[str, T]:  # fmt: skip
+    """policy + kl_coef * KL - entropy_coef * entropy, every term token-mean over the step's
+    global token count times the world size (each its own aggregation, all correct)."""
+    scale = world_size / global_tokens
+    policy = token_losses(logprobs, old_logprobs, advantages, response_mask).sum() * scale
+    kl, entropy = _kl_entropy(logprobs, old_logprobs, response_mask)
+    terms = {"policy": policy, "kl": KL_COEF * kl.sum() * scale,
+             "entropy": -ENTROPY_COEF * entropy.sum() * scale}  # fmt: skip
+    return {"loss": terms["policy"] + terms["kl"] + terms["entropy"], **terms}
+
+
+def bug_kl_term_k_fold(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_tokens: int,
+    world_size: int, gradient_accumulation_steps: int,
+) -> dict[str, T]:  # fmt: skip
+    """The KL term normalised per micro-batch while the policy term is right: its gradient
+    grows K-fold with K micro-batches (the verl PR #6957 pattern, on the KL term)."""
+    out = multi_term_global(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                            world_size, gradient_accumulation_steps)  # fmt: skip
+    out["kl"] = out["kl"] * gradient_accumulation_steps
+    out["loss"] = out["policy"] + out["kl"] + out["entropy"]
+    return out
+
+
+def bug_entropy_mean_of_means(
+    logprobs: T, old_logprobs: T, advantages: T, response_mask: T, global_tokens: int,
+    world_size: int, gradient_accumulation_steps: int, micro_batch_tokens: int,
+) -> dict[str, T]:  # fmt: skip
+    """The entropy bonus as each micro-batch's own token mean over the accumulation steps
+    (SkyRL PR #1296's pattern on the entropy term)."""
+    out = multi_term_global(logprobs, old_logprobs, advantages, response_mask, global_tokens,
+                            world_size, gradient_accumulation_steps)  # fmt: skip
+    _kl, entropy = _kl_entropy(logprobs, old_logprobs, response_mask)
+    mean = entropy.sum() / micro_batch_tokens / gradient_accumulation_steps
+    out["entropy"] = -ENTROPY_COEF * mean
+    out["loss"] = out["policy"] + out["kl"] + out["entropy"]
+    return out
+
+
 # ------------------------------------------------------------------ faulty functions
 
 

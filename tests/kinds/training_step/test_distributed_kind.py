@@ -85,6 +85,18 @@ def test_division_by_empty_micro_batches_is_flagged_on_the_real_group_and_named(
     assert _run(S.token_mean_global, "dapo", "empty-micro-batches", **empty).passed
 
 
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_a_multi_term_step_is_judged_term_by_term_on_the_real_group(wrap) -> None:  # type: ignore[no-untyped-def]
+    """policy + KL + entropy: each term's accumulated gradient comes from the real group's
+    reduction; the K-fold KL term is named, the correct step passes."""
+    assert _run(S.multi_term_global, "dapo", distributed=wrap, examples=2).passed
+    result = _run(S.bug_kl_term_k_fold, "dapo", distributed=wrap, examples=2)
+    assert not result.passed
+    assert "the kl term is mis-scaled" in result.message, result.message
+    assert "2 rank(s) x 2 micro-batch(es)" in result.message
+    assert "normalised per micro-batch; 2 micro-batches" in result.message
+
+
 def test_a_step_that_all_reduces_its_own_count_runs_as_written() -> None:
     """verl / prime-rl / OpenRLHF all-reduce the token count inside the step: it passes on
     the real group and cannot run in the simulated one (no process group there), which
