@@ -24,13 +24,13 @@ DAPO arXiv:2503.14476 Eq. 8). The summed, rank-averaged loss must equal the full
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from hypothesis import strategies as st
-
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 from pytest_polgrad.core.calls import ALIASES, _pick_loss
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
@@ -63,7 +63,7 @@ from pytest_polgrad.kinds._tokens import (
 )
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 from pytest_polgrad.kinds.training_step import empty as _empty
-from pytest_polgrad.kinds.training_step import terms as _terms
+from pytest_polgrad.kinds.training_step import shared as _shared
 from pytest_polgrad.kinds.training_step.execute import (
     empty_hint,
     fold,
@@ -71,9 +71,8 @@ from pytest_polgrad.kinds.training_step.execute import (
     run_distributed,
 )
 from pytest_polgrad.strategies import batches
-from pytest_polgrad.strategies._sample import composite
 from pytest_polgrad.strategies._snippet import snippet as tensor_snippet
-from pytest_polgrad.strategies._splits import Split, StepInfo, splits
+from pytest_polgrad.strategies._splits import Split, StepInfo
 
 __all__ = ["KIND", "Accumulated", "StepInputs", "TrainingStepKind", "accumulate"]
 
@@ -117,6 +116,11 @@ class StepContext(TokenContext):
     """``distributed=``: multi-rank splits run on a real ``ddp`` / ``fsdp`` process group."""
     world: int = 2
 
+    @functools.cached_property
+    def options_key(self) -> str:
+        """``repr(options)``, once: the key of this function's shared accumulations."""
+        return repr(self.options)
+
     @property
     def policy(self) -> PolicyLossConfig:
         assert isinstance(self.config, PolicyLossConfig)
@@ -143,8 +147,8 @@ def _micro_batch(
     out = {}
     for name in TENSORS:
         if name in takes and name in batch:
-            t = batch[name][index]
-            out[name] = (t[:, :width] if t.dim() == 2 else t).detach().clone()
+            t = batch[name]  # one copy: advanced indexing makes a fresh, contiguous tensor
+            out[name] = (t[index, :width] if t.dim() == 2 else t[index]).detach()
     return out, width
 
 
@@ -220,8 +224,12 @@ def execute(ctx: StepContext, inputs: Mapping[str, Any], *, snapshot: bool = Fal
 
 def _expected(ctx: StepContext, batch: Mapping[str, Any]) -> OracleResult:
     assert ctx.oracle is not None
-    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    return ctx.oracle(tensors, kink_eps=ctx.tolerance.loosest)
+    return _shared.expected(ctx.oracle, batch, ctx.tolerance.loosest)
+
+
+def _shared_run(ctx: StepContext, inputs: Mapping[str, Any]) -> Any:
+    """:func:`execute`, one run per (function, step, split) while the engine screens."""
+    return _shared.reuse(ctx, inputs, lambda: execute(ctx, inputs))
 
 
 def _family_check(family: str) -> Callable[[StepContext, Mapping[str, Any]], float]:
@@ -237,13 +245,9 @@ def _family_check(family: str) -> Callable[[StepContext, Mapping[str, Any]], flo
 
 
 def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    """Accumulated gradient (per token) and loss equal the full-batch reference's; a step
-    returning several terms is judged term by term (:mod:`.terms`)."""
-    judged = _terms.judge(ctx, inputs, execute, check_split, _policy_term)
-    if judged is not None:
-        return judged
+    """Accumulated gradient (per token) and loss equal the full-batch reference's."""
     split: Split = inputs["split"]
-    acc = execute(ctx, inputs)
+    acc = _shared_run(ctx, inputs)
     ref = _expected(ctx, inputs)
     mask = inputs["response_mask"]
     context = f" with the split {split.describe()}"
@@ -262,15 +266,8 @@ def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     )  # fmt: skip
 
 
-def _policy_term(ctx: StepContext) -> StepContext:
-    """The ``"policy"`` term of a multi-term step, against the reference without its KL."""
-    cfg = ctx.policy.replace(kl=None)
-    options = dataclasses.replace(ctx.options, loss="policy")
-    return dataclasses.replace(ctx, options=options, config=cfg, oracle=Oracle(cfg))
-
-
 def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    acc = execute(ctx, inputs)
+    acc = _shared_run(ctx, inputs)
     bad = ~inputs["response_mask"] & (acc.grad != 0)
     if bool(bad.any()):
         pos = [tuple(p) for p in bad.nonzero()[:4].tolist()]
@@ -285,7 +282,7 @@ def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float
 def check_padding_values(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     """Only the values at padding change (to NaN with ``padding_nan``): nothing else does."""
     mask = inputs["response_mask"]
-    first = execute(ctx, inputs)
+    first = _shared_run(ctx, inputs)
     fill = math.nan if ctx.options.padding_nan else -11.5
     other = {
         k: torch.where(mask, v, torch.full_like(v, fill))
@@ -309,6 +306,7 @@ def check_padding_values(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
 
 def check_inputs_unchanged(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     acc = execute(ctx, inputs, snapshot=True)
+    _shared.keep_fresh(ctx, inputs, acc)  # deterministic's second run
     if acc.changed:
         raise CheckFailure(
             f"the function modified its inputs in place: {'; '.join(acc.changed[:4])}"
@@ -317,7 +315,8 @@ def check_inputs_unchanged(ctx: StepContext, inputs: Mapping[str, Any]) -> float
 
 
 def check_deterministic(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    a, b = execute(ctx, inputs), execute(ctx, inputs)
+    a = _shared_run(ctx, inputs)
+    b = _shared.take_fresh(ctx, inputs) or execute(ctx, inputs)
     same_loss = (a.loss == b.loss) or (math.isnan(a.loss) and math.isnan(b.loss))
     if not same_loss or not bool(bitwise_equal(a.grad, b.grad).all()):
         raise CheckFailure(
@@ -327,25 +326,41 @@ def check_deterministic(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     return 0.0
 
 
+def _prepare(family: str | None) -> Callable[[Any], Any]:
+    """A pooled :class:`~.shared.StepBatch` as the step of ``family``'s split (None: the
+    split the non-semantic checks share); a corpus step as it is."""
+
+    def pick(item: Any) -> Any:
+        if not isinstance(item, _shared.StepBatch):
+            return item
+        return StepInputs(item.batch, item.split_for(family))
+
+    return pick
+
+
 _CHECKS = (
     KindCheck("full-batch", "one rank, one micro-batch: loss and gradient equal the reference's",
-              _family_check("full-batch"), domain="full-batch"),
+              _family_check("full-batch"), domain="full-batch", prepare=_prepare("full-batch")),
     KindCheck("micro-batches", "micro-batches accumulated on one rank give the full-batch "
-              "gradient and loss", _family_check("micro-batches"), domain="micro-batches"),
+              "gradient and loss", _family_check("micro-batches"), domain="micro-batches",
+              prepare=_prepare("micro-batches")),
     KindCheck("data-parallel", "ranks with different token counts, accumulated and "
               "all-reduce-averaged, give the full-batch gradient and loss",
-              _family_check("data-parallel"), domain="data-parallel"),
+              _family_check("data-parallel"), domain="data-parallel",
+              prepare=_prepare("data-parallel")),
     KindCheck("generation-steps", "steps_per_generation != gradient_accumulation_steps still "
               "gives the optimizer step's full-batch gradient and loss",
-              _family_check("generation-steps"), domain="generation-steps"),
+              _family_check("generation-steps"), domain="generation-steps",
+              prepare=_prepare("generation-steps")),
     KindCheck("masked-positions", "the accumulated gradient is exactly zero at padding",
-              check_masked_positions, domain="any", semantic=False),
+              check_masked_positions, domain="any", semantic=False, prepare=_prepare(None)),
     KindCheck("padding-values", "the accumulated loss and gradient do not depend on the "
-              "values at padding", check_padding_values, domain="any", semantic=False),
+              "values at padding", check_padding_values, domain="any", semantic=False,
+              prepare=_prepare(None)),
     KindCheck("inputs-unchanged", "no micro-batch input is modified in place",
-              check_inputs_unchanged, domain="any", semantic=False),
+              check_inputs_unchanged, domain="any", semantic=False, prepare=_prepare(None)),
     KindCheck("deterministic", "two runs of the same step agree bitwise", check_deterministic,
-              domain="any", semantic=False),
+              domain="any", semantic=False, prepare=_prepare(None)),
 )  # fmt: skip
 _EMPTY_CHECK = _empty.check_of(check_split)
 """Opt-in (``checks=``): splits with empty micro-batches and ranks (:mod:`.empty`)."""
@@ -439,15 +454,13 @@ class TrainingStepKind(Kind):
             world=options.world_size,
         )  # fmt: skip
 
-    def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[StepInputs]:
+    def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[Any]:
         if check.domain == _empty.EMPTY:
             return _empty.strategy(ctx, StepInputs)
         cfg = ctx.policy
-        family = None if check.domain == "any" else check.domain
-        min_rows = 1 if family in (None, "full-batch", "generation-steps") else 2
         drawn = batches(
-            min_batch=min_rows,
-            max_batch=max(ctx.options.max_batch, min_rows),
+            min_batch=1,
+            max_batch=ctx.options.max_batch,
             max_length=ctx.options.max_length,
             dtype=ctx.tolerance.input_dtype,
             advantage_shape=ctx.options.advantages,
@@ -458,33 +471,30 @@ class TrainingStepKind(Kind):
             padding="nan" if ctx.options.padding_nan else "garbage",
         )  # fmt: skip
 
-        def _steps(draw: st.DrawFn) -> StepInputs:
-            batch = draw(drawn)
-            tensors = batch.as_kwargs()
-            lengths = tensors["response_mask"].sum(dim=1).tolist()
-            if ctx.wrap is None:
-                return StepInputs(tensors, draw(splits(lengths, family=family)))
-            drawn_split = draw(splits(lengths, family=family, max_ranks=ctx.world))
-            return StepInputs(tensors, fold(drawn_split, ctx.world))
-
-        return composite(_steps)
+        # one pool for every check: a batch and a split of each family (see .shared)
+        world = None if ctx.wrap is None else ctx.world
+        return _shared.step_batches(drawn, world=world, fold=fold)
 
     def pool_key(self, ctx: Any, check: KindCheck) -> tuple[object, ...]:
-        """Checks of one split family share drawn steps (across functions, too)."""
+        """Every check screens the same pooled steps (across functions, too)."""
         o, cfg = ctx.options, ctx.policy
-        return (check.domain, o.dtype, o.advantages, o.max_batch, o.max_length, o.padding_nan,
+        pooled = "steps" if check.prepare is not None else check.domain
+        return (pooled, o.dtype, o.advantages, o.max_batch, o.max_length, o.padding_nan,
                 cfg.clip, cfg.kl_in_loss, cfg.is_correction is not None) + (
             () if ctx.wrap is None else ("distributed", ctx.world)
         )  # fmt: skip
 
     def corpus(self, ctx: Any) -> dict[str, StepInputs]:
-        batches_ = canonical_corpus(
-            dtype=ctx.tolerance.input_dtype, advantages=ctx.options.advantages
-        )
-        return {
-            name: StepInputs(batches_[source], split, label=name)
-            for name, (source, split) in _corpus_splits().items()
-        }
+        dtype, advantages = ctx.tolerance.input_dtype, ctx.options.advantages
+
+        def build() -> dict[str, StepInputs]:
+            batches_ = canonical_corpus(dtype=dtype, advantages=advantages)
+            return {
+                name: StepInputs(batches_[source], split, label=name)
+                for name, (source, split) in _corpus_splits().items()
+            }
+
+        return dict(_shared.cached_corpus((dtype, advantages), build))
 
     def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
         return diagnose_step(ctx, inputs)
