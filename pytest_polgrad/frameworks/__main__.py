@@ -185,13 +185,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_drift.add_argument("--venv", type=Path, default=None)
     p_drift.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
+    try:
+        return _command(parser, args)
+    except (ImportError, OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+        # one line, exit 2: a framework not installed, a directory that cannot be read or
+        # written, a malformed recording, a failing pip (drift offline)
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        parser.exit(2, f"{parser.prog} {args.command}: error: {text}\n")
+
+
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "record":
         unknown = sorted(set(args.frameworks) - set(PINS))
         if unknown:
             parser.error(f"unknown framework(s) {unknown}; known: {', '.join(PINS)}")
+        if args.out is not None:
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise NotADirectoryError(
+                    f"--out {args.out}: cannot create the directory ({exc.strerror})"
+                ) from None
         return _record(args.frameworks, args.out)
     if args.command == "compare":
+        if args.against is not None and not args.against.is_dir():
+            raise NotADirectoryError(f"--against {args.against}: not a directory of recordings")
         return _compare(args.against)
+    if args.venv is not None and args.venv.exists() and not args.venv.is_dir():
+        raise NotADirectoryError(f"--venv {args.venv}: not a directory")
     return _drift(args.venv, args.keep)
 
 
