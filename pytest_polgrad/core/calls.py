@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+import polgrad_reference
 from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.verdicts import Verdict
@@ -120,8 +121,6 @@ def guarded_call(
 
 def _kit_directories() -> tuple[Path, ...]:
     """Where the kit's own code and torch live: frames there are not the user's code."""
-    import polgrad_reference
-
     here = Path(__file__).resolve().parents[1]  # the package root, not core/
     return (here, Path(polgrad_reference.__file__).resolve().parent, Path(torch.__file__).parent)
 
