@@ -14,6 +14,7 @@ from ._build import build_fields
 from ._layout import Layout, left_to_right, pack, right_to_left, row_extents, unpack
 from ._plan import BatchPlan
 from ._snippet import snippet, tensor_literal
+from ._validate import check_choice, check_dtype
 
 __all__ = ["FIELDS", "Batch", "build", "build_many"]
 
@@ -237,16 +238,19 @@ class Batch:
         """Build this batch's plan again, optionally in another dtype, layout or padding.
 
         Rebuilding in another dtype re-aims boundary-targeted values at that dtype (a cast
-        would round them off their targets).
+        would round them off their targets). Each argument is validated as
+        :func:`~pytest_polgrad.strategies.batches` validates it (``InvalidArgument``).
         """
         if self.plan is None:
             raise ValueError("this Batch has no plan (it was not drawn); nothing to rebuild")
         changes: dict[str, Any] = {}
         if dtype is not None:
-            changes["dtype"] = str(dtype).removeprefix("torch.")
+            changes["dtype"] = str(check_dtype(dtype)).removeprefix("torch.")
         if layout is not None:
+            check_choice("layout", layout, ("right", "left", "packed"))
             changes["layout"] = layout
         if padding is not None:
+            check_choice("padding", padding, ("garbage", "nan"))
             changes["padding"] = padding
         return build(dataclasses.replace(self.plan, **changes))
 
