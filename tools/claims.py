@@ -182,6 +182,32 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/reference/diagnostics/test_monitor.py::test_false_alarm_rate_over_10000_null_steps_is_within_the_bound",
     ),
     Claim(
+        "the run monitor keeps its whole-run bound on the library's own null z's (covariance "
+        "at B = 8, length bias at the example's shape); the old normal-approximation z's break it",
+        "diagnostics.md",
+        "tests/reference/diagnostics/test_monitor.py::test_the_librarys_own_null_z_scores_keep_the_whole_run_bound",
+    ),
+    Claim(
+        "the mismatch test keeps its level when a row's tokens share their error",
+        "diagnostics.md",
+        "tests/reference/diagnostics/test_mismatch.py::test_noise_floor_null_false_alarm_rate_is_within_alpha",
+    ),
+    Claim(
+        "the covariance test's level holds and its z is N(0, 1) at B = 5 and 8",
+        "diagnostics.md",
+        "tests/reference/diagnostics/test_covariance.py::test_z_is_standard_normal_and_the_level_holds_at_small_batches",
+    ),
+    Claim(
+        "the length-bias test's level holds at B = 16 and with two prompt groups",
+        "diagnostics.md",
+        "tests/reference/diagnostics/test_length.py::test_alarm_level_holds_at_small_batches_and_with_two_prompts",
+    ),
+    Claim(
+        "the changepoint test keeps its level on AR(1) series (phi = 0.5) without a change",
+        "diagnostics.md",
+        "tests/reference/diagnostics/test_trend.py::test_ar1_series_without_a_change_keep_the_level",
+    ),
+    Claim(
         "every bad input to the reference gets a named error",
         "losses.md",
         "tests/reference/test_validation.py::test_malformed_inputs",

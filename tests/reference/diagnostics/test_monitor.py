@@ -17,10 +17,14 @@ import torch
 
 from polgrad_reference.diagnostics import (
     Alarm,
+    LengthBias,
+    LogprobAdvantageCovariance,
     MonitoredStatistic,
     RunMonitor,
     cusum_paths,
     cusum_threshold,
+    length_bias,
+    logprob_advantage_covariance,
 )
 from polgrad_reference.errors import ConfigError, InputError
 
@@ -217,3 +221,61 @@ def test_bad_inputs_and_configs_are_named() -> None:
     mon.update({"a": 0.0})
     with pytest.raises(InputError, match="horizon of 2 steps is used up"):
         mon.update({"a": 0.0})
+
+
+def _library_null_scores(detector: str, draws: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z, t)`` of ``draws`` null batches: the detector's randomization z and its
+    normal-approximation statistic ``t`` (the z the audited tree fed the monitor).
+    ``"covariance"``: 8 rows of row-correlated logprobs, advantages independent of them;
+    ``"length"``: the example's shape, 64 rows of lengths U(16..64), A ~ N(0, 1)."""
+    g = torch.Generator().manual_seed(11 if detector == "covariance" else 12)
+    zs, ts = [], []
+    for seed in range(draws):
+        if detector == "covariance":
+            mask = torch.arange(20)[None] < torch.randint(2, 21, (8, 1), generator=g)
+            level = torch.randn((8, 1), generator=g, dtype=torch.float64)
+            noise = torch.randn((8, 20), generator=g, dtype=torch.float64)
+            lp = -torch.nn.functional.softplus(level + noise)
+            adv = torch.randn(8, generator=g, dtype=torch.float64)
+            out: LogprobAdvantageCovariance | LengthBias = logprob_advantage_covariance(
+                logprobs=lp, advantages=adv, response_mask=mask, n_resamples=199, seed=seed
+            )
+        else:
+            mask = torch.arange(64)[None] < torch.randint(16, 65, (64, 1), generator=g)
+            adv = torch.randn(64, generator=g, dtype=torch.float64)
+            out = length_bias(
+                advantages=adv,
+                response_mask=mask,
+                aggregation="token-mean",
+                n_resamples=199,
+                seed=seed,
+            )
+        zs.append(out.z)
+        ts.append(out.t)
+    return torch.tensor(zs, dtype=torch.float64), torch.tensor(ts, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("detector", "direction"), [("covariance", "up"), ("length", "both")])
+def test_the_librarys_own_null_z_scores_keep_the_whole_run_bound(
+    detector: str, direction: str
+) -> None:
+    """issue 29: fed the library's own z's, the monitor alarmed in 0.108 of null runs (length
+    z at the example's shape) and 0.130 (covariance z at B = 8) at alpha = 0.05. The
+    randomization z's are exactly N(0, 1): 2,000 runs of 200 steps resampled from 500 null
+    batches stay within alpha + 3 se; the normal-approximation t's of the same batches
+    (what was fed before) do not."""
+    alpha, runs, steps = 0.05, 2000, 200
+    z, t = _library_null_scores(detector, 500)
+    mon = RunMonitor([MonitoredStatistic("z", direction=direction)], horizon=steps, alpha=alpha)
+    pick = torch.randint(0, z.numel(), (runs, steps), generator=torch.Generator().manual_seed(13))
+
+    def false_alarm_rate(pool: torch.Tensor) -> float:
+        x = pool[pick]
+        over = cusum_paths(x, drift=mon.drift).gt(mon.threshold).any(dim=-1)
+        if direction == "both":
+            over |= cusum_paths(-x, drift=mon.drift).gt(mon.threshold).any(dim=-1)
+        return float(over.double().mean())
+
+    tol = 3 * math.sqrt(alpha * (1 - alpha) / runs)
+    assert false_alarm_rate(z) <= alpha + tol, false_alarm_rate(z)
+    assert false_alarm_rate(t) > alpha + tol, false_alarm_rate(t)
