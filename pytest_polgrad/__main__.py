@@ -88,16 +88,24 @@ def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = 
     from pytest_polgrad.kinds.policy_loss.diagnose.diagnosis import diagnose, explain
 
     ctx = build_context(fn, options, name=name)
-    matches = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=top)
+    if options.kind != "policy_loss":
+        return _which_kind(ctx, options)
+    # the ranking may hold several points of the algebra that read the same (knobs the
+    # description does not print): one row each, ranked by the first of them
     lines = [
         f"{ctx.name} on the canonical corpus ({options.dtype}, {options.advantages} "
         f"advantages, {options.layout} layout), around {options.reference_id!r}:"
     ]
-    for m in matches:
+    rows: list[str] = []
+    ranked = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=4 * top)
+    for m in ranked:
         off = f"{m.error:.3g}" if m.error >= 1.01 else f"{m.error:.6g}"  # never "off by 1x"
         verdict = "MATCH" if m.matches else f"off by {off}x tol"
-        lines.append(f"  {verdict:<24} {m.describe()}")
-    if not any(m.matches for m in matches):
+        row = f"  {verdict:<24} {m.describe()}"
+        if row not in rows and len(rows) < top:
+            rows.append(row)
+    lines += rows
+    if not any(m.matches for m in ranked):
         lines.append("  no registered semantics matches within tolerance")
     # the sentence a failure report carries: it weighs the matches (at half precision many
     # match, and the gradient's exact zeros may still place a clip bound elsewhere)
@@ -112,6 +120,25 @@ def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = 
     return "\n".join(lines)
 
 
+def _which_kind(ctx: Any, options: Any) -> str:
+    """``which`` for a kind other than the policy loss: the kind's own diagnosis on its
+    canonical corpus (what a failure report of that kind carries), one MATCH row."""
+    from pytest_polgrad.core.kinds import get_kind
+
+    found = get_kind(options.kind).diagnose(ctx, None)
+    lines = [
+        f"{ctx.name} on the canonical corpus of kind={options.kind!r} ({options.dtype}), "
+        f"around {options.reference_id!r}:"
+    ]
+    if found.match:
+        lines.append(f"  {'MATCH':<24} {found.match}")
+    else:
+        lines.append("  no registered semantics matches within tolerance")
+    text = textwrap.fill(found.text, 88, subsequent_indent=" " * 13)
+    lines += ["", "  diagnosis  " + text]
+    return "\n".join(lines)
+
+
 def _options(fn: Callable[..., Any], args: argparse.Namespace) -> Any:
     """The function's own marker options when it is marked, command-line flags override."""
     marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "polgrad_conforms"]
@@ -121,10 +148,7 @@ def _options(fn: Callable[..., Any], args: argparse.Namespace) -> Any:
     for flag in ("advantages", "dtype", "layout"):
         if getattr(args, flag) is not None:
             kwargs[flag] = getattr(args, flag)
-    options = parse_marker((args.around or reference,), kwargs)
-    if options.kind != "policy_loss":
-        raise UsageProblem(f"which ranks policy losses; the marker names kind={options.kind!r}")
-    return options
+    return parse_marker((args.around or reference,), kwargs)
 
 
 def _positive(text: str) -> int:
