@@ -4,6 +4,8 @@ flagged and named, a correct one passes in float64, float32 and from bfloat16 in
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -46,7 +48,7 @@ def test_an_empty_micro_batch_adds_nothing_to_the_accumulated_step() -> None:
     accumulated gradient and loss (the full-batch oracle's, unchanged)."""
     kind = get_kind("training_step")
     opts = ConformanceOptions("dapo", kind="training_step")
-    ctx = kind.context(S.token_mean_global, "step", kind.resolve(opts), opts)
+    ctx: Any = kind.context(S.token_mean_global, "step", kind.resolve(opts), opts)
     batch = S.step_batch()
     plain = accumulate(ctx, {**batch, "split": Split((((0, 1, 2, 3), (4, 5, 6, 7)),))})
     holed = Split((((0, 1, 2, 3), (), (4, 5, 6, 7)), ((), (), ())))
@@ -92,6 +94,8 @@ def test_report_snippet_of_an_empty_micro_batch_runs_standalone(capsys) -> None:
 
 
 MARKED = """
+from typing import Any
+
 import pytest
 from tests.kinds.training_step.distributed_steps import bug_divides_by_empty, token_mean_global
 
