@@ -73,9 +73,9 @@ def k1(
     return torch.where(response_mask, logprobs - ref_logprobs, 0.0)
 
 
-def grpo_advantages(rewards: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Group-normalised rewards (unbiased std, eps 1e-6)."""
-    groups = torch.unique(index, return_inverse=True)[1]
+    groups = torch.unique(group_ids, return_inverse=True)[1]
     n = int(groups.max()) + 1
     out = torch.empty_like(rewards)
     for g in range(n):
@@ -86,14 +86,14 @@ def grpo_advantages(rewards: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def token_mean(token_losses: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    m = response_mask.to(token_losses.dtype)
-    return (torch.where(response_mask, token_losses, 0.0) * m).sum() / m.sum().clamp(min=1)
+def token_mean(token_loss: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    m = response_mask.to(token_loss.dtype)
+    return (torch.where(response_mask, token_loss, 0.0) * m).sum() / m.sum().clamp(min=1)
 
 
-def seq_mean_token_mean(token_losses: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    m = response_mask.to(token_losses.dtype)
-    per = torch.where(response_mask, token_losses, 0.0).sum(1) / m.sum(1).clamp(min=1)
+def seq_mean_token_mean(token_loss: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    m = response_mask.to(token_loss.dtype)
+    per = torch.where(response_mask, token_loss, 0.0).sum(1) / m.sum(1).clamp(min=1)
     return per.mean()
 
 
