@@ -204,8 +204,8 @@ def plot(result: RunResult, path: Path) -> Path | None:
     colors = {"mismatch": "tab:red", "entropy": "tab:purple", "length": "tab:green"}
     panels = [
         (
-            "trainer vs rollout: mismatch z (row sign-flip test; past about 3.9 every one of "
-            "its 19,999 flips is beaten and z varies only by the randomized tie-break)",
+            "trainer vs rollout: mismatch z (row sign-flip test; above ~3.9 all 19,999 flips "
+            "are beaten)",
             ["mismatch/z"],
             "mismatch",
         ),
@@ -214,8 +214,8 @@ def plot(result: RunResult, path: Path) -> Path | None:
         ("Cov(log pi, A): z (permutation test)", ["entropy_cov/z"], "entropy"),
         ("length drive D under token-mean (band: 95% interval)", ["length/drive"], "length"),
         (
-            "CUSUM per watched side: it restarts at 0 after each alarm, hence the saw-tooth "
-            "(dashed: threshold h; ticks: every alarm; triangles: the first ones)",
+            "CUSUM per side: restarts at 0 after each alarm, hence the saw-tooth "
+            "(dashed: threshold h; ticks: alarms)",
             [k for k in s if k.startswith("cusum/")],
             None,
         ),
