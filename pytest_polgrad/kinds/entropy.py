@@ -21,7 +21,6 @@ import torch
 
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.entropy import token_entropy
-from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -29,6 +28,7 @@ from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
+from pytest_polgrad.kinds._token_checks import against_own, corpus_golden, unchanged_inputs
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     aggregation_override,
@@ -253,15 +253,8 @@ def _own(ctx: Any, kw: Mapping[str, Any], other: Mapping[str, Any], why: str) ->
     scalar = base.dim() == 0
     _, grad = _reference(ctx, kw, scalar=scalar)
     scale, _ = _scales(ctx.config, kw, grad, scalar=scalar)
-    try:
+    with against_own(why):
         return _compare(ctx, kw, out, base.to(torch.float64).nan_to_num(0.0), scale, "entropy")
-    except CheckFailure as exc:
-        raise CheckFailure(
-            f"{why}: {exc.message} (compared with the function's own result)",
-            numbers=exc.numbers,
-            entries=exc.entries,
-            error=exc.error,
-        ) from None
 
 
 def _check_padding_values(ctx: Any, kw: Mapping[str, Any]) -> float:
@@ -289,11 +282,7 @@ def _check_padding_columns(ctx: Any, kw: Mapping[str, Any]) -> float:
 def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
     before = {n: kw[n].detach().clone() for n in INPUT_NAMES if n in ctx.takes}
     _, _, given = call_entropy(ctx, kw)
-    for name, t in given.items():
-        same = bitwise_equal(t.detach(), before[name])
-        if not bool(same.all()):
-            pos = [tuple(p) for p in (~same).nonzero()[:4].tolist()]
-            raise CheckFailure(f"the function modified its input {name!r} in place at {pos}")
+    unchanged_inputs(given, before)
     return 0.0
 
 
@@ -413,24 +402,21 @@ class EntropyKind(Kind):
         return entropy_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
-        data: dict[str, dict[str, torch.Tensor]] = {}
-        scales: dict[str, EntryScale] = {}
-        for name, batch in self.corpus(ctx).items():
-            kw = batch.as_kwargs()
-            with on_canonical_batch(name):
-                out, g, _ = call_entropy(ctx, kw)
+        def entry(kw: Mapping[str, Any], called: Any) -> Any:
+            out, g, _ = called
             assert g is not None
             scalar = out.dim() == 0
             _, ref_grad = _reference(ctx, kw, scalar=scalar)
             value_scale, grad_scale = _scales(ctx.config, kw, ref_grad, scalar=scalar)
-            data[name] = {"entropy": out, "grad": g}
             if scalar:
                 n = int(kw["response_mask"].sum()) * kw["logits"].shape[2]
-                scales[f"{name}/entropy"] = EntryScale(float(value_scale), count=n)
+                scale = EntryScale(float(value_scale), count=n)
             else:
-                scales[f"{name}/entropy"] = EntryScale(value_scale)
-            scales[f"{name}/grad"] = EntryScale(grad_scale)
-        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+                scale = EntryScale(value_scale)
+            return {"entropy": out, "grad": g}, {"entropy": scale, "grad": EntryScale(grad_scale)}
+
+        return corpus_golden(self.corpus(ctx), lambda kw: call_entropy(ctx, kw), entry,
+                             tolerance=ctx.tolerance, version=CORPUS_VERSION)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- snippet

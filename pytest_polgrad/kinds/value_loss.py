@@ -21,7 +21,6 @@ import torch
 
 from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.value import value_loss_per_token
-from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -29,6 +28,7 @@ from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
+from pytest_polgrad.kinds._token_checks import against_own, corpus_golden, unchanged_inputs
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     aggregation_override,
@@ -282,14 +282,8 @@ def _check_same_loss(ctx: Any, kw: Mapping[str, Any], other: Mapping[str, Any], 
     changed, _, _ = call_value_loss(ctx, other, grad=False)
     _, grad = _reference(ctx, kw)
     scale, _ = _scales(ctx.config, kw, grad)
-    try:
+    with against_own(why, "loss"):
         return _compare_loss(ctx, kw, float(changed), float(base), scale, "loss")
-    except CheckFailure as exc:
-        raise CheckFailure(
-            f"{why}: {exc.message} (compared with the function's own loss)",
-            numbers=exc.numbers,
-            error=exc.error,
-        ) from None
 
 
 def _check_padding_values(ctx: Any, kw: Mapping[str, Any]) -> float:
@@ -311,11 +305,7 @@ def _check_padding_columns(ctx: Any, kw: Mapping[str, Any]) -> float:
 def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
     before = _edge(ctx, kw)
     _, _, given = call_value_loss(ctx, kw)
-    for name, t in given.items():
-        same = bitwise_equal(t.detach(), before[name])
-        if not bool(same.all()):
-            pos = [tuple(p) for p in (~same).nonzero()[:4].tolist()]
-            raise CheckFailure(f"the function modified its input {name!r} in place at {pos}")
+    unchanged_inputs(given, before)
     return 0.0
 
 
@@ -433,24 +423,22 @@ class ValueLossKind(Kind):
         return value_loss_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
-        data: dict[str, dict[str, torch.Tensor]] = {}
-        scales: dict[str, EntryScale] = {}
-        for name, batch in self.corpus(ctx).items():
-            kw = batch.as_kwargs()
-            with on_canonical_batch(name):
-                loss, g, _ = call_value_loss(ctx, kw)
+        def entry(kw: Mapping[str, Any], called: Any) -> Any:
+            loss, g, _ = called
             assert g is not None
             _, ref_grad = _reference(ctx, kw)
             loss_scale, grad_scale = _scales(ctx.config, kw, ref_grad)
-            data[name] = {"loss": loss, "grad": g}
             own = float(loss.abs())
-            scales[f"{name}/loss"] = EntryScale(
-                max(loss_scale, own), count=int(kw["response_mask"].sum())
-            )
-            scales[f"{name}/grad"] = EntryScale(
-                torch.maximum(grad_scale, g.to(torch.float64).abs() + float(g.abs().max()))
-            )
-        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+            scales = {
+                "loss": EntryScale(max(loss_scale, own), count=int(kw["response_mask"].sum())),
+                "grad": EntryScale(
+                    torch.maximum(grad_scale, g.to(torch.float64).abs() + float(g.abs().max()))
+                ),
+            }
+            return {"loss": loss, "grad": g}, scales
+
+        return corpus_golden(self.corpus(ctx), lambda kw: call_value_loss(ctx, kw), entry,
+                             tolerance=ctx.tolerance, version=CORPUS_VERSION)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- snippet

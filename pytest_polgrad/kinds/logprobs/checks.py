@@ -14,6 +14,7 @@ from polgrad_reference import PolgradError
 from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.tolerance import Tolerance
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._token_checks import against_own, unchanged_inputs
 from pytest_polgrad.kinds._tokens import bitwise_equal, compare_tensor
 from pytest_polgrad.strategies._logits import read_positions
 
@@ -134,22 +135,9 @@ def _own(ctx: LogprobsContext, kw: Mapping[str, Any], other: Mapping[str, Any], 
     _sentinels(ctx, base.out, kw["response_mask"])
     out = call_logprobs(ctx, other, grad=False).out[:, : kw["response_mask"].shape[1]]
     _, _, scale, _ = reference_of(ctx, kw)
-    try:
-        return compare_tensor(
-            ctx,
-            out,
-            base.out.to(torch.float64).nan_to_num(0.0),
-            scale,
-            kw["response_mask"],
-            "logprobs",
-        )
-    except CheckFailure as exc:
-        raise CheckFailure(
-            f"{why}: {exc.message} (compared with the function's own result)",
-            numbers=exc.numbers,
-            entries=exc.entries,
-            error=exc.error,
-        ) from None
+    with against_own(why):
+        own = base.out.to(torch.float64).nan_to_num(0.0)
+        return compare_tensor(ctx, out, own, scale, kw["response_mask"], "logprobs")
 
 
 def _check_padding_values(ctx: Any, kw: Mapping[str, Any]) -> float:
@@ -188,13 +176,7 @@ def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
 
     before = passed_inputs(ctx, kw)
     res = call_logprobs(ctx, kw)
-    for name, t in res.given.items():
-        if not isinstance(t, torch.Tensor):
-            continue
-        same = bitwise_equal(t.detach(), before[name])
-        if not bool(same.all()):
-            pos = [tuple(p) for p in (~same).nonzero()[:4].tolist()]
-            raise CheckFailure(f"the function modified its input {name!r} in place at {pos}")
+    unchanged_inputs(res.given, before)
     return 0.0
 
 

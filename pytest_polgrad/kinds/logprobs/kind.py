@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.verdicts import Verdict
+from pytest_polgrad.kinds._token_checks import corpus_golden
 from pytest_polgrad.kinds._tokens import parameters, tolerance_for
 from pytest_polgrad.strategies._logits import LogprobBatch, logprob_batches
 
@@ -103,7 +103,7 @@ class LogprobsKind(Kind):
     def context(
         self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
     ) -> LogprobsContext:
-        takes = parameters(fn, INPUT_NAMES)
+        takes: frozenset[str] = parameters(fn, INPUT_NAMES)
         if "logits" not in takes:
             raise Verdict(
                 f"{name} has no 'logits' parameter; a logprobs function takes logits and the "
@@ -195,22 +195,15 @@ class LogprobsKind(Kind):
         return logprobs_snippet(ctx, inputs, check)
 
     def golden(self, ctx: Any) -> Tolerant:
-        data: dict[str, dict[str, torch.Tensor]] = {}
-        scales: dict[str, EntryScale] = {}
-        for name, batch in self.corpus(ctx).items():
-            kw = batch.as_kwargs()
-            with on_canonical_batch(name):
-                res = call_logprobs(ctx, kw)
+        def entry(kw: Mapping[str, Any], res: Any) -> Any:
             assert res.grad is not None
             _, _, scale, grad_scale = reference_of(ctx, kw)
-            mask = kw["response_mask"]
-            data[name] = {
-                "logprobs": torch.where(mask, res.out, torch.zeros((), dtype=res.out.dtype)),
-                "grad": res.grad,
-            }
-            scales[f"{name}/logprobs"] = EntryScale(scale)
-            scales[f"{name}/grad"] = EntryScale(grad_scale)
-        return Tolerant(data, tolerance=ctx.tolerance, scales=scales, corpus=CORPUS_VERSION)
+            zero = torch.zeros((), dtype=res.out.dtype)
+            data = {"logprobs": torch.where(kw["response_mask"], res.out, zero), "grad": res.grad}
+            return data, {"logprobs": EntryScale(scale), "grad": EntryScale(grad_scale)}
+
+        return corpus_golden(self.corpus(ctx), lambda kw: call_logprobs(ctx, kw), entry,
+                             tolerance=ctx.tolerance, version=CORPUS_VERSION)  # fmt: skip
 
 
 KIND = LogprobsKind()
