@@ -1,35 +1,25 @@
-"""docs/frameworks.md "Marking your own framework code": every block runs as written, as
-a test module of its own, against the installed frameworks (goldens recorded, every item
-passes). A ``test_all_*`` module: it needs all three frameworks, so the default suite
-leaves it out."""
+"""docs/frameworks.md "Marking your own framework code": every block that needs a framework
+runs as written, as a test module of its own, against the installed frameworks (goldens
+recorded, every item passes; the blocks are listed in tests/docs/frameworks_page.py, which
+also runs the others in the default suite). A ``test_all_*`` module: it needs all three
+frameworks, so the default suite leaves it out."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
+
+from tests.docs.frameworks_page import TIER
 
 pytest_plugins = ["pytester"]
 
-PAGE = Path(__file__).parents[2] / "docs" / "frameworks.md"
-SECTION = PAGE.read_text().split("## Marking your own framework code", 1)[1].split("\n## ", 1)[0]
-BLOCKS = re.findall(
-    r"```python\n(# tests/(\w+)\.py in your repository\n.*?)```", SECTION, flags=re.S
-)
 
-
-def test_the_section_has_its_blocks() -> None:
-    names = [name for _, name in BLOCKS]
-    assert names == ["test_polgrad_verl_adapter", "test_polgrad_verl", "test_polgrad_openrlhf"]
-
-
-@pytest.mark.parametrize(("code", "name"), BLOCKS, ids=[name for _, name in BLOCKS])
+@pytest.mark.parametrize(("code", "name"), TIER, ids=[name for _, name in TIER])
 def test_the_block_runs_as_written(pytester: pytest.Pytester, code: str, name: str) -> None:
     pytester.makepyfile(**{name: code})
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--polgrad-max-examples=10", "--snapshot-update", timeout=300
+        "-p", "no:cacheprovider", "--polgrad-max-examples=10", "--snapshot-update", timeout=600
     )
+    outcomes = result.parseoutcomes()
     assert result.ret == 0, result.stdout.str()[-4000:]
-    passed = result.parseoutcomes().get("passed", 0)
-    assert passed >= 10, result.stdout.str()[-2000:]  # the checks and the golden ran
+    assert not outcomes.get("failed"), result.stdout.str()[-3000:]  # xfailed: declared
+    assert outcomes.get("passed", 0) >= 7, result.stdout.str()[-2000:]  # checks and goldens
