@@ -230,12 +230,13 @@ def parameters(
     fn: Callable[..., Any],
     universe: Iterable[str],
     aliases: Mapping[str, tuple[str, ...]] | None = None,
-) -> Takes:
+) -> frozenset[str]:
     """The names of ``universe`` that ``fn`` accepts as keywords (all with ``**kwargs``),
     by canonical name or one of its ``aliases`` (none by default; the training step's:
     :data:`~pytest_polgrad.core.calls.ALIASES`), through the one resolver of every kind
     (:func:`~pytest_polgrad.core.calls.resolve_parameters`, not strict: a parameter the
-    kit cannot fill shows as a failing call)."""
+    kit cannot fill shows as a failing call). The set is a :class:`Takes`, which says how
+    each name is spelled (:func:`as_passed`); a kind may narrow it as a plain set."""
     try:
         found = resolve_parameters(fn, universe, aliases=aliases or {}, strict=False)
     except SignatureError as exc:

@@ -11,12 +11,15 @@ from polgrad_reference import get_algorithm, policy_loss
 from pytest_polgrad.core.calls import ALIASES, resolve_parameters
 from pytest_polgrad.core.engine import CheckResult, build_context, run_check
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
-from pytest_polgrad.kinds._tokens import parameters
+from pytest_polgrad.kinds._tokens import as_passed, parameters
 
 DAPO = get_algorithm("dapo").loss.replace(aggregation="token-sum", budget=None)
 
 
-def _tokens(logprobs, old_logprobs, advantages, mask):  # type: ignore[no-untyped-def]
+T = torch.Tensor
+
+
+def _tokens(logprobs: T, old_logprobs: T, advantages: T, mask: T) -> T:
     out = policy_loss(
         DAPO, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
         response_mask=mask,
@@ -24,13 +27,22 @@ def _tokens(logprobs, old_logprobs, advantages, mask):  # type: ignore[no-untype
     return torch.where(mask, out.token_loss, 0.0)
 
 
-def openrlhf_step(log_probs, old_log_probs, advantages, action_mask, global_tokens, world_size):  # type: ignore[no-untyped-def]
+def openrlhf_step(
+    log_probs: T,
+    old_log_probs: T,
+    advantages: T,
+    action_mask: T,
+    global_tokens: int,
+    world_size: int,
+) -> T:
     """Token-mean with the global token count, times the world size (correct)."""
     tok = _tokens(log_probs, old_log_probs, advantages, action_mask)
     return tok.sum() / global_tokens * world_size
 
 
-def openrlhf_step_local(log_probs, old_log_probs, advantages, action_mask, world_size):  # type: ignore[no-untyped-def]
+def openrlhf_step_local(
+    log_probs: T, old_log_probs: T, advantages: T, action_mask: T, world_size: int
+) -> T:
     """Divides by the micro-batch's own token count: wrong across micro-batches."""
     tok = _tokens(log_probs, old_log_probs, advantages, action_mask)
     return tok.sum() / action_mask.sum() * world_size
@@ -75,7 +87,7 @@ def test_one_resolver_strict_for_the_policy_loss_lenient_for_token_kinds() -> No
     with pytest.raises(TypeError, match="required parameter 'extra'"):
         resolve_parameters(f, names)
     assert parameters(f, names) == frozenset()  # no aliases unless the kind asks
-    assert parameters(f, names, ALIASES).spelled == {
-        "logprobs": "log_probs",
-        "response_mask": "action_mask",
-    }
+    takes = parameters(f, names, ALIASES)
+    assert takes == frozenset(names)
+    passed = as_passed(takes, {"logprobs": 1, "response_mask": 2})
+    assert passed == {"log_probs": 1, "action_mask": 2}
