@@ -389,3 +389,47 @@ report unwritable at the end."""
 
 def test_the_count_of_bad_inputs() -> None:
     assert BAD_INPUT_COUNT == 86
+
+
+def _distinct(table: list[Any], key: Callable[[Any], object]) -> int:
+    """The number of entries of ``table``, each a distinct input (asserted)."""
+    keys = [repr(key(entry)) for entry in table]
+    assert len(set(keys)) == len(keys), [k for k in keys if keys.count(k) > 1]
+    return len(keys)
+
+
+def test_the_suite_names_at_least_450_distinct_bad_inputs() -> None:
+    """Issue 28's acceptance: every named bad-input table of the suite, summed. Each entry
+    is one distinct input with its expected named error (and the argument in the
+    message); a table's entries are asserted distinct here, by name or by input."""
+    from tests.core.test_golden_no_code import NAMES
+    from tests.frameworks.test_cli_errors import CLI_CASES
+    from tests.pytest.test_bad_collection import COLLECTION_CASES, ITEM_CASES
+    from tests.pytest.test_golden_safety import GOLDEN_SAFETY_BAD_INPUTS
+    from tests.reference.test_bad_input_matrix import MATRIX_CASES
+    from tests.reference.test_bad_inputs_reference import REFERENCE_BAD_INPUT_COUNT
+    from tests.reference.test_bad_inputs_verify import VERIFY_CASES
+    from tests.strategies.test_rebuild_arguments import REBUILD_CASES
+    from tests.strategies.test_strategies_arguments import BAD as STRATEGY_CASES
+
+    def named(entry: Any) -> object:
+        return entry[0]
+
+    def inputs(entry: Any) -> object:
+        return entry[:-1]  # everything but the expected message
+
+    counts = {
+        "faces (marker, assert_conforms, CLI, startup, snapshot files)": BAD_INPUT_COUNT,
+        "reference layouts and domains": REFERENCE_BAD_INPUT_COUNT,
+        "golden safety": GOLDEN_SAFETY_BAD_INPUTS,
+        "reference matrix": _distinct(MATRIX_CASES, named),
+        "verify": _distinct(VERIFY_CASES, named),
+        "collection": _distinct(COLLECTION_CASES, named) + _distinct(ITEM_CASES, named),
+        "frameworks CLI": _distinct(CLI_CASES, named),
+        "strategies": _distinct(STRATEGY_CASES, lambda e: (e[0].__name__, e[1])),
+        "Batch.rebuild": _distinct(REBUILD_CASES, named),
+        "golden code": _distinct(NAMES, lambda n: n),
+    }
+    assert _distinct(MARKER_CASES, inputs) == len(MARKER_CASES)  # counted in BAD_INPUT_COUNT
+    assert sum(counts.values()) >= 450, counts
+    print(f"{sum(counts.values())} named bad inputs: {counts}")
