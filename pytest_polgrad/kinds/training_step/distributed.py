@@ -244,6 +244,7 @@ def run_step(
     device: str = "cpu",
     timeout: float = DEFAULT_TIMEOUT,
     snapshot: bool = False,
+    through: str = "logprobs",
 ) -> DistributedStep:
     """Run ``fn`` on every micro-batch of ``split`` on ``split.world_size`` real ranks.
 
@@ -253,7 +254,9 @@ def run_step(
     (``step``: the whole StepInfo). ``takes``: the names ``fn`` accepts (default: its
     parameters). ``loss``: the key or index of the loss when ``fn`` returns a dict or a
     tuple. ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank).
-    ``timeout``: seconds for the step once every rank has loaded ``fn``.
+    ``timeout``: seconds for the step once every rank has loaded ``fn``. ``through``: the
+    input the model's parameter is added to, whose gradient comes back (``"values"`` for a
+    critic's step).
 
     Raises :class:`RankFailed`, :class:`RankTimeout` or :class:`RankDied` (naming the rank)
     for a fault of the function, :class:`LaunchError` when the ranks cannot start.
@@ -271,12 +274,14 @@ def run_step(
     backend, dev = _backend(device, split.world_size)
     mask = _check_batch(batch, split)
     names = frozenset(_parameters(fn) if takes is None else takes)
-    if "logprobs" not in names:
-        raise InputError(f"fn {_name(fn)} takes no 'logprobs'; the distributed step feeds it one")
-    if "logprobs" not in batch:
-        raise InputError("batch has no 'logprobs' tensor")
+    if not isinstance(through, str):
+        raise ConfigError(f"through must be an input's name, got {through!r}")
+    if through not in names:
+        raise InputError(f"fn {_name(fn)} takes no {through!r}; the distributed step feeds it one")
+    if through not in batch:
+        raise InputError(f"batch has no {through!r} tensor")
     payload, files = _reference(fn)
-    jobs = _jobs(batch, mask, split, names, wrap, loss, snapshot, payload, files)
+    jobs = _jobs(batch, mask, split, names, wrap, loss, snapshot, payload, files, through)
     pool = _pool(split.world_size, backend, dev)
     replies = pool.call(jobs, float(timeout), what=f"the step of {_name(fn)}")
     world = split.world_size
@@ -394,6 +399,8 @@ class _Job:
     micro_batches: tuple[_MicroBatch, ...]
     loss: str | int | None
     snapshot: bool
+    through: str = "logprobs"
+    """The input the model's parameter is added to (its gradient is the one returned)."""
 
 
 def _jobs(
@@ -406,6 +413,7 @@ def _jobs(
     snapshot: bool,
     payload: bytes,
     files: dict[str, str],
+    through: str = "logprobs",
 ) -> list[bytes]:
     """One pickled job per rank: its micro-batches, sliced as the simulated check does."""
     cols = torch.arange(mask.shape[1])
@@ -426,7 +434,7 @@ def _jobs(
             mbs.append(_MicroBatch(tuple(info.rows), width, tensors, fields, step,
                                    (info.micro_batch_tokens, info.rank_tokens)))  # fmt: skip
         job = _Job(payload, files, wrap, (mask.shape[0], mask.shape[1]), tuple(mbs), loss,
-                   snapshot)  # fmt: skip
+                   snapshot, through)  # fmt: skip
         out.append(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
     return out
 
@@ -949,10 +957,10 @@ def _micro_step(
     """One micro-batch: forward through the wrapped model, the function, its backward."""
     tensors = {n: t.to(device) for n, t in mb.tensors.items()}
     rows = torch.tensor(mb.rows, dtype=torch.long, device=device)
-    lp = wrapped(rows, mb.width, tensors["logprobs"])
+    lp = wrapped(rows, mb.width, tensors[job.through])
     flowed: list[bool] = []
     lp.register_hook(lambda g: flowed.append(True))
-    kwargs: dict[str, Any] = {**tensors, "logprobs": lp, **mb.info}
+    kwargs: dict[str, Any] = {**tensors, job.through: lp, **mb.info}
     if mb.step is not None:
         kwargs["step"] = mb.step
     before = {n: v.detach().clone() for n, v in kwargs.items() if isinstance(v, torch.Tensor)}

@@ -354,3 +354,36 @@ def bug_sample_weighted(
     samples (not tokens)."""
     tok = token_losses(logprobs, old_logprobs, advantages, response_mask)
     return tok.sum() / micro_batch_tokens * (micro_batch_rows / rank_rows)
+
+
+# ---------------------------------------------------------------- the critic's step
+
+
+def _value_per_token(values: T, old_values: T, returns: T, response_mask: T) -> T:
+    """PPO's clipped value loss per token (clip 0.2), 0 at padding."""
+    from polgrad_reference.value import value_loss_per_token
+
+    if not bool(response_mask.any()):
+        return values * 0.0
+    per_token = value_loss_per_token(values=values, old_values=old_values, returns=returns,
+                                     response_mask=response_mask, clip_range=0.2)  # fmt: skip
+    return torch.where(response_mask, per_token, 0.0)
+
+
+def critic_global(
+    values: T, old_values: T, returns: T, response_mask: T, global_tokens: int, world_size: int
+) -> T:
+    """The value loss token-mean over the step's global token count, times the world size."""
+    return (
+        _value_per_token(values, old_values, returns, response_mask).sum()
+        / global_tokens
+        * (world_size)
+    )
+
+
+def bug_critic_per_micro_batch(
+    values: T, old_values: T, returns: T, response_mask: T, micro_batch_tokens: int
+) -> T:
+    """verl PR #6957: each micro-batch's own token mean, not divided by the accumulation
+    steps (nor weighted): the gradient grows K-fold with K equal micro-batches."""
+    return _value_per_token(values, old_values, returns, response_mask).sum() / micro_batch_tokens

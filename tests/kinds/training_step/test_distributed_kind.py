@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from pytest_polgrad.core.engine import CheckResult, build_context, run_check
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
@@ -95,6 +96,22 @@ def test_a_multi_term_step_is_judged_term_by_term_on_the_real_group(wrap) -> Non
     assert "the kl term is mis-scaled" in result.message, result.message
     assert "2 rank(s) x 2 micro-batch(es)" in result.message
     assert "normalised per micro-batch; 2 micro-batches" in result.message
+
+
+@pytest.mark.parametrize(("wrap", "world"), [("ddp", 2), ("fsdp", 4)])
+def test_the_critic_step_on_the_real_group(wrap: str, world: int) -> None:
+    """verl PR #6957 on the real group: the per-micro-batch value loss is K-fold and named;
+    the global token-mean critic step passes (float64 and bf16 inputs)."""
+    from pytest_polgrad.core.verdicts import CheckFailure
+    from pytest_polgrad.kinds.training_step.critic import check_critic_step, critic_batch
+
+    split = S.split_of(world)
+    for dtype in (torch.float64, torch.bfloat16):
+        batch = critic_batch(S.LENGTHS, dtype=dtype)
+        assert check_critic_step(S.critic_global, batch, split, wrap=wrap) <= 1.0
+    equal = critic_batch((3,) * 8)
+    with pytest.raises(CheckFailure, match="2x the reference's: normalised per micro-batch"):
+        check_critic_step(S.bug_critic_per_micro_batch, equal, split, wrap=wrap)
 
 
 def test_a_step_that_all_reduces_its_own_count_runs_as_written() -> None:
