@@ -24,7 +24,7 @@ from pytest_polgrad.core import saved_snippets
 from pytest_polgrad.core.expect import BASIS, declared_fields, excused_reason, fmt, judge
 from pytest_polgrad.core.options import PROFILES, ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
-from pytest_polgrad.pytest.collect import Target, targets
+from pytest_polgrad.pytest.collect import Target, targets, unmarkable
 from pytest_polgrad.pytest.guard import SnapshotGuard
 from pytest_polgrad.pytest.notes import passing_notes
 from pytest_polgrad.pytest.threads import apply as apply_threads
@@ -161,8 +161,7 @@ def _report_path(raw: object) -> Path | None:
             path.unlink()
     except OSError as exc:
         raise pytest.UsageError(
-            f"--polgrad-report={raw}: cannot write there ({exc.strerror or exc}); give "
-            "another path"
+            f"--polgrad-report={raw}: cannot write there ({exc.strerror or exc}); give another path"
         ) from None
     return path
 
@@ -461,6 +460,8 @@ def pytest_make_collect_report(
     """A file (or class) with invalid markers is one collection error that names each of
     them, as pytest reports a file that does not import."""
     report = yield
+    if report.failed and (line := unmarkable(collector.path, str(report.longrepr))):
+        return pytest.CollectReport(collector.nodeid, "failed", line, [], report.sections)
     invalid = collector.stash.get(_INVALID, [])
     if invalid and report.passed:
         report = pytest.CollectReport(

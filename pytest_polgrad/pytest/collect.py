@@ -23,6 +23,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -294,6 +295,30 @@ def _step_parameters(fn: Callable[..., Any]) -> None:
     from pytest_polgrad.kinds.training_step.kind import INFO_FIELDS, TENSORS
 
     resolve_parameters(fn, (*TENSORS, *INFO_FIELDS, "step"), aliases=ALIASES, strict=True)
+
+
+_UNMARKABLE = re.compile(
+    r"in <module>\n\s+(?P<line>.+)\n(?s:.*)in store_mark\n(?s:.*)"
+    r"AttributeError: '(?P<type>[^']+)' object has no attribute 'pytestmark'"
+)
+
+
+def unmarkable(path: object, error: str) -> str | None:
+    """One line for a module that failed to import because a polgrad marker was applied
+    to an object that cannot carry a mark (a builtin such as ``len``): pytest's mark
+    machinery raises a raw ``AttributeError`` there. ``None`` for any other error, or a
+    file that does not use the marker."""
+    found = _UNMARKABLE.search(error)
+    try:
+        uses = found is not None and MARKER in Path(str(path)).read_text(errors="replace")
+    except OSError:
+        uses = False
+    if found is None or not uses:
+        return None
+    return (
+        f"invalid @pytest.mark.{MARKER}: `{found['line'].strip()}` marks a "
+        f"{found['type']}, which cannot carry a mark; mark a def that calls it"
+    )
 
 
 def targets(collector: Any, name: str, obj: object) -> list[Target] | None:
