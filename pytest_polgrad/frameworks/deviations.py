@@ -32,6 +32,7 @@ _O = "tests/frameworks/test_openrlhf_policy_loss.py::"
 _C = "tests/frameworks/test_all_components.py::"
 _K = "tests/frameworks/test_all_kinds.py::"
 _S = "tests/frameworks/test_all_training_steps.py::"
+_L = "tests/frameworks/test_all_logprobs.py::"
 
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
@@ -137,6 +138,25 @@ DEVIATIONS: tuple[Deviation, ...] = (
         _S + "verl_geo_mean_step[gmpo-micro-batches]",
     ),
     Deviation(
+        "verl",
+        "0.9.1",
+        "verl.utils.torch_functional.logprobs_from_logits (no flash-attn: logprobs_from_logits_v2)",
+        "bfloat16 logits go through log_softmax in bfloat16; float32 logits through logsumexp. "
+        "The logprob of the sampled token is then off by up to ~0.1 nats against a float32 "
+        "log-softmax of the same logits (docs/logprobs.md, Precision)",
+        _L + "verl_logprobs_bf16[aligned-float32-log-softmax]",
+    ),
+    Deviation(
+        "verl",
+        "0.9.1",
+        "verl.utils.torch_functional.log_probs_from_logits_response_rmpad (use_remove_padding)",
+        "the packed ids are rolled by -1 over the whole stream (torch.roll), so each "
+        "sequence's last position scores the next sequence's first token; verl drops that "
+        "position after pad_input, so no response token uses it (verl #6475 is the case "
+        "where one did)",
+        _L + "verl_logprobs_rmpad[next-token-rolled-packed-boundary]",
+    ),
+    Deviation(
         "verl, trl, openrlhf",
         "0.9.1, 1.16.0, 0.11.2",
         "sequence-mean aggregation, empty rows",
@@ -195,6 +215,15 @@ DEVIATIONS: tuple[Deviation, ...] = (
         _S + "trl_dapo_step[dapo-generation-steps]",
     ),
     Deviation(
+        "trl",
+        "1.16.0",
+        "trl.trainer.utils.selective_log_softmax",
+        "bfloat16 and float16 logits go through log_softmax row by row in their own dtype "
+        "(float32/64 through logsumexp), off by up to ~0.1 nats against a float32 "
+        "log-softmax",
+        _L + "trl_selective_log_softmax_bf16[aligned-float32-log-softmax]",
+    ),
+    Deviation(
         "openrlhf",
         "0.11.2",
         "openrlhf.models.loss.PolicyLoss (defaults)",
@@ -216,6 +245,14 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "openrlhf.models.utils.compute_approx_kl('k3')",
         "k3 is clamped to [-10, 10] (its log-ratio at -10 first); k3 is unbounded",
         _C + "test_deviation_openrlhf_k3_is_clamped_at_10",
+    ),
+    Deviation(
+        "openrlhf",
+        "0.11.2",
+        "openrlhf.models.utils.log_probs_from_logits",
+        "bfloat16 logits go through log_softmax row by row in bfloat16 (float32/64 through "
+        "a chunked logsumexp), off by up to ~0.1 nats against a float32 log-softmax",
+        _L + "openrlhf_log_probs_bf16[aligned-float32-log-softmax]",
     ),
 )
 """Every demonstrated deviation, verl first, then TRL, then OpenRLHF."""

@@ -24,7 +24,15 @@ import torch
 
 from pytest_polgrad.frameworks._adapt import require_installed
 
-__all__ = ["aggregate_loss", "approx_kl", "entropy", "load", "policy_loss", "value_loss"]
+__all__ = [
+    "aggregate_loss",
+    "approx_kl",
+    "entropy",
+    "load",
+    "log_probs",
+    "policy_loss",
+    "value_loss",
+]
 
 Tensor = torch.Tensor
 
@@ -175,4 +183,13 @@ def entropy(*, logits: Tensor) -> Tensor:
     """``openrlhf.models.utils.compute_entropy(logits)``: per-token entropy ``[B, T]``
     in nats."""
     out: Tensor = load()["utils"].compute_entropy(logits)
+    return out
+
+
+def log_probs(*, logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
+    """``openrlhf.models.utils.log_probs_from_logits(logits, labels, temperature)``: the
+    logprob of each label under its own logits row divided by ``temperature`` (no shift:
+    the actor slices ``logits[:, :-1]`` against ``labels[:, 1:]``). It divides the caller's
+    logits in place (``logits.div_``) when ``temperature != 1``."""
+    out: Tensor = load()["utils"].log_probs_from_logits(logits, labels, temperature=temperature)
     return out

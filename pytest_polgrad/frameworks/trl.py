@@ -20,7 +20,14 @@ import torch
 
 from pytest_polgrad.frameworks._adapt import require_installed
 
-__all__ = ["LOSS_TYPES", "entropy", "grpo_config", "grpo_loss", "training_step"]
+__all__ = [
+    "LOSS_TYPES",
+    "entropy",
+    "grpo_config",
+    "grpo_loss",
+    "selective_log_softmax",
+    "training_step",
+]
 
 Tensor = torch.Tensor
 
@@ -206,4 +213,14 @@ def entropy(*, logits: Tensor) -> Tensor:
     nats, computed in chunks of rows (what ``GRPOTrainer`` logs and masks by entropy)."""
     require_installed("trl")
     out: Tensor = importlib.import_module("trl.trainer.utils").entropy_from_logits(logits)
+    return out
+
+
+def selective_log_softmax(*, logits: Tensor, index: Tensor, temperature: float = 1.0) -> Tensor:
+    """``trl.trainer.utils.selective_log_softmax(logits, index, temperature)``: the logprob
+    of each index under its own logits row divided by ``temperature`` (no shift: TRL's
+    trainers drop the last logits row and the first token before the call)."""
+    require_installed("trl")
+    utils = importlib.import_module("trl.trainer.utils")
+    out: Tensor = utils.selective_log_softmax(logits, index, temperature=temperature)
     return out

@@ -25,6 +25,8 @@ __all__ = [
     "compute_advantage",
     "entropy",
     "kl_penalty",
+    "logprobs",
+    "logprobs_rmpad",
     "policy_loss",
     "training_step",
     "value_loss",
@@ -244,3 +246,23 @@ def entropy(
         raise ValueError("entropy: loss_agg_mode needs response_mask")
     bonus: Tensor = _core().compute_entropy_loss(logits, response_mask, loss_agg_mode)
     return bonus
+
+
+def logprobs(*, logits: Tensor, labels: Tensor) -> Tensor:
+    """``verl.utils.torch_functional.logprobs_from_logits(logits, labels)``: the logprob of
+    each label under its own logits row (no shift: verl's callers slice the logits first).
+    Without flash-attn it takes ``logprobs_from_logits_v2``: float32/64 logits through
+    ``logsumexp``, other dtypes through ``log_softmax`` in their own dtype."""
+    require_installed("verl")
+    functional = importlib.import_module("verl.utils.torch_functional")
+    out: Tensor = functional.logprobs_from_logits(logits=logits, labels=labels)
+    return out
+
+
+def logprobs_rmpad(*, logits: Tensor, input_ids: Tensor) -> Tensor:
+    """verl's remove-padding path (``log_probs_from_logits_response_rmpad``, the actor's
+    ``use_remove_padding``): the packed ids rolled by -1 over the whole stream, then
+    :func:`logprobs` of each row against the next id. Stream position ``s`` holds the
+    logprob of token ``s + 1``; each sequence's last position reads the next sequence's
+    first token, which no response position uses (verl slices it away after padding)."""
+    return logprobs(logits=logits, labels=torch.roll(input_ids, shifts=-1, dims=0))
