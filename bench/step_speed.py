@@ -202,7 +202,9 @@ def main() -> None:
     for _ in range(args.rounds):
         for case in args.kinds:
             for label, path in trees:
-                results.setdefault((label, case), []).append(_run(path, case, args.budget))
+                run = _run(path, case, args.budget)
+                results.setdefault((label, case), []).append(run)
+                print(f"{label} {case} cold {run['cold']:.2f}s warm {run['warm']}", flush=True)
     head = f"{'kind':<20}" + "".join(
         f"{label + ' warm':>14}{label + ' cold':>14}" for label, _ in trees
     )
