@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from hypothesis import strategies as st
+
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 from pytest_polgrad.core.calls import ALIASES, _pick_loss
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
@@ -64,6 +65,7 @@ from pytest_polgrad.kinds._tokens import (
 from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 from pytest_polgrad.kinds.training_step import empty as _empty
 from pytest_polgrad.kinds.training_step import shared as _shared
+from pytest_polgrad.kinds.training_step import terms as _terms
 from pytest_polgrad.kinds.training_step.execute import (
     empty_hint,
     fold,
@@ -245,7 +247,11 @@ def _family_check(family: str) -> Callable[[StepContext, Mapping[str, Any]], flo
 
 
 def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
-    """Accumulated gradient (per token) and loss equal the full-batch reference's."""
+    """Accumulated gradient (per token) and loss equal the full-batch reference's; a step
+    returning several terms is judged term by term (:mod:`.terms`)."""
+    judged = _terms.judge(ctx, inputs, execute, check_split, _policy_term)
+    if judged is not None:
+        return judged
     split: Split = inputs["split"]
     acc = _shared_run(ctx, inputs)
     ref = _expected(ctx, inputs)
@@ -264,6 +270,13 @@ def check_split(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
         compare_value(ctx, acc.loss, ref.loss, ref.value_scale, ref.n_tokens,
                       "accumulated loss (summed over micro-batches, mean over ranks)", context),
     )  # fmt: skip
+
+
+def _policy_term(ctx: StepContext) -> StepContext:
+    """The ``"policy"`` term of a multi-term step, against the reference without its KL."""
+    cfg = ctx.policy.replace(kl=None)
+    options = dataclasses.replace(ctx.options, loss="policy")
+    return dataclasses.replace(ctx, options=options, config=cfg, oracle=Oracle(cfg))
 
 
 def check_masked_positions(ctx: StepContext, inputs: Mapping[str, Any]) -> float:

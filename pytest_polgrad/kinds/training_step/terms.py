@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._tokens import as_passed
 from pytest_polgrad.strategies._splits import Split, StepInfo
 
 __all__ = ["TERMS", "factor_meaning", "judge", "term_names"]
@@ -74,7 +75,7 @@ def _full_call(ctx: Any, inputs: Mapping[str, Any]) -> object:
     if "step" in ctx.takes:
         kwargs["step"] = info
     try:
-        return ctx.fn(**kwargs)
+        return ctx.fn(**as_passed(ctx.takes, kwargs))  # under its own spellings
     except Exception:  # the split checks report it; a plain step then
         return None
 

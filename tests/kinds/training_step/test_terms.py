@@ -53,6 +53,21 @@ def test_a_plain_loss_is_not_a_multi_term_step() -> None:
     assert terms.term_names.__doc__
 
 
+def spelled_k_fold(  # type: ignore[no-untyped-def]
+    log_probs, old_log_probs, advantages, action_mask, global_tokens, world_size,
+    gradient_accumulation_steps,
+):  # fmt: skip
+    """The K-fold KL step under OpenRLHF's spellings: still judged term by term."""
+    return S.bug_kl_term_k_fold(log_probs, old_log_probs, advantages, action_mask,
+                                global_tokens, world_size, gradient_accumulation_steps)  # fmt: skip
+
+
+def test_a_step_under_the_frameworks_spellings_is_judged_term_by_term() -> None:
+    result = _run(spelled_k_fold)
+    assert not result.passed
+    assert "the kl term is mis-scaled" in result.message, result.message
+
+
 @pytest.mark.parametrize(
     ("c", "split", "words"),
     [
