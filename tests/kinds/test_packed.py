@@ -80,7 +80,7 @@ def from_packed(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _sweep_cases() -> list[tuple[str, Any, str, dict[str, Any]]]:
-    out = [c for c in sweep.CASES if c[0] != "training_step"]  # micro-batches: padded only
+    out = list(sweep.CASES)
     out = [c for c in out if "layout" not in c[3]]  # written for the stream already
     out += [("entropy", fn, "entropy", {}) for fn in (ent.per_token_ok, ent.bonus_ok)]
     out.append(("entropy", ent.per_token_float32, "entropy", {"dtype": "bfloat16"}))

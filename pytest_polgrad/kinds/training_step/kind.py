@@ -48,13 +48,18 @@ from pytest_polgrad.core.snippets import (
 )
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds._accumulation import Scheme, row_facts, schemes
+from pytest_polgrad.kinds._packed import (
+    call_in_layout,
+    check_layout,
+    for_layout,
+    snippet_call,
+    snippet_helper,
+)
 from pytest_polgrad.kinds._tokens import (
     Takes,
     TokenContext,
     as_passed,
     bitwise_equal,
-    call_guarded,
-    check_overrides,
     compare_tensor,
     compare_value,
     fmt,
@@ -177,7 +182,9 @@ def accumulate(
                     kwargs[name] = getattr(info, name)
             if "step" in ctx.takes:
                 kwargs["step"] = info
-            result = call_guarded(ctx.fn, as_passed(ctx.takes, kwargs), where)
+            mb_mask = mask[torch.tensor(info.rows)][:, :width]
+            passed = as_passed(ctx.takes, kwargs)
+            result = call_in_layout(ctx.options, ctx.fn, passed, mb_mask, where)
             if result is None:
                 if lp.grad is None:
                     raise Verdict(
@@ -414,7 +421,9 @@ class TrainingStepKind(Kind):
 
     def resolve(self, options: ConformanceOptions) -> PolicyLossConfig:
         ref = options.reference
-        check_overrides(self.name, options, _OVERRIDES)
+        check_layout(self.name, options, _OVERRIDES)
+        if options.layout == "packed" and options.distributed is not None:
+            raise MarkerError("distributed= runs right-padded micro-batches; drop layout='packed'")
         if isinstance(ref, PolicyLossConfig):
             return ref.replace(**options.overrides) if options.overrides else ref
         if not isinstance(ref, str):
@@ -428,9 +437,9 @@ class TrainingStepKind(Kind):
 
     def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
         if options.checks is None:
-            return list(_CHECKS)
+            return for_layout(list(_CHECKS), options)
         opt_in = [_EMPTY_CHECK] if _empty.opted_in(options) else []  # only when named
-        return [c for c in (*_CHECKS, *opt_in) if c.name in options.checks]
+        return for_layout([c for c in (*_CHECKS, *opt_in) if c.name in options.checks], options)
 
     def check(self, name: str) -> KindCheck | None:
         return _EMPTY_CHECK if name == _empty.EMPTY else None
@@ -719,6 +728,7 @@ def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
     info = [n for n in INFO_FIELDS if n in ctx.takes]
     assert ctx.oracle is not None
     definitions = [
+        *snippet_helper(ctx.options),
         "",
         "",
         f"config = {config_source(ctx.policy)}",
@@ -746,7 +756,7 @@ def step_snippet(ctx: StepContext, inputs: StepInputs, check: KindCheck) -> str:
         *[f"            kw[{n!r}] = info.{n}" for n in info],
         *(["            kw['step'] = info"] if "step" in ctx.takes else []),
         *_renamed(ctx.takes, "            "),
-        f"            out = {where.call}(**kw)",
+        f"            out = {snippet_call(ctx.options, where.call, mask='mask[rows][:, :width]')}",
         pick_line(ctx.options.loss, "loss", indent="            "),
         "            if out is None:  # the function ran backward itself",
         "                g, value = mb['logprobs'].grad, float('nan')",
