@@ -360,6 +360,53 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/pytest/test_snapshot_safety.py::test_an_early_stop_deletes_no_snapshot",
     ),
     Claim(
+        "reading a golden never runs code: Python, a YAML tag or a pickle in it is a format error",
+        "snapshots.md",
+        "tests/core/test_golden_no_code.py::test_code_in_a_golden_is_a_format_error_and_never_runs",
+    ),
+    Claim(
+        "parsing a golden is bounded by the file's size: a declared shape larger than its "
+        "values is a format error found without allocating it",
+        "snapshots.md",
+        "tests/core/test_golden_parser_fuzz.py::test_an_enormous_declared_shape_is_a_format_error_without_its_memory",
+    ),
+    Claim(
+        "a golden that is a symbolic link is refused and its target never read or shown",
+        "snapshots.md",
+        "tests/pytest/test_golden_safety.py::test_a_symlinked_golden_is_refused_and_its_target_never_shown",
+    ),
+    Claim(
+        "a golden's file name is injective over ids; a collision left is an error for both "
+        "items, never an overwrite",
+        "snapshots.md",
+        "tests/pytest/test_golden_safety.py::test_a_collision_left_is_an_error_never_an_overwrite",
+    ),
+    Claim(
+        "a printed replay line with a hostile id runs pytest on that one node and nothing else",
+        "conformance.md",
+        "tests/pytest/test_replay_quoting.py::test_a_hostile_id_stays_one_word_of_the_replay_line",
+    ),
+    Claim(
+        "at the tolerance= cap a 2x loss still fails value and gradient in every dtype",
+        "tolerance.md",
+        "tests/core/test_tolerance_cap.py::test_a_multiple_of_the_loss_fails_at_the_cap",
+    ),
+    Claim(
+        "a training step dividing by an empty micro-batch's token count is flagged and named",
+        "conformance.md",
+        "tests/kinds/training_step/test_empty.py::test_division_by_an_empty_micro_batch_is_flagged_and_named",
+    ),
+    Claim(
+        "a multi-term step is judged term by term: a K-fold term is named with its factor",
+        "conformance.md",
+        "tests/kinds/training_step/test_terms.py::test_a_k_fold_term_is_named_with_its_factor",
+    ),
+    Claim(
+        "the critic's value loss normalised per micro-batch (verl PR #6957) is flagged as K-fold",
+        "conformance.md",
+        "tests/kinds/training_step/test_critic.py::test_the_per_micro_batch_value_loss_is_k_fold_and_named",
+    ),
+    Claim(
         "expect= never excuses a raised exception, a non-finite result or a larger "
         "deviation than declared",
         "conformance.md",
