@@ -27,7 +27,7 @@ _directory: Callable[[], Path] | None = None
 
 def shell_word(text: str) -> str:
     """``text`` as one shell word, always in single quotes (:func:`shlex.quote`, which
-    leaves a word of safe characters bare): ``'tests/t.py::f[grpo-value]'``. Every
+    leaves a word of safe characters bare): ``'checks/t.py::f[grpo-value]'``. Every
     command line the kit prints quotes what it did not write itself (node ids, paths)."""
     quoted = shlex.quote(text)
     return quoted if quoted.startswith("'") else f"'{text}'"
