@@ -1,22 +1,41 @@
 """Check bodies the logits and value kinds (entropy, value_loss, logprobs) share: the
-comparison with the function's own result, the in-place check over what was passed, and
-the golden built over the canonical corpus."""
+comparison with the function's own result, the in-place and determinism checks over the
+kind's call, the golden built over the canonical corpus, and :class:`TableKind`, the hooks
+of a kind whose checks are one fixed table."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from pytest_polgrad.core.calls import on_canonical_batch
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
+from pytest_polgrad.core.kinds import Kind, KindCheck
+from pytest_polgrad.core.options import ConformanceOptions
 from pytest_polgrad.core.tolerance import Tolerance
-from pytest_polgrad.core.verdicts import CheckFailure
-from pytest_polgrad.kinds._tokens import bitwise_equal
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._packed import for_layout
+from pytest_polgrad.kinds._tokens import (
+    TokenContext,
+    bitwise_equal,
+    fmt,
+    hygiene_checks,
+    parameters,
+    tolerance_for,
+)
 
-__all__ = ["against_own", "corpus_golden", "unchanged_inputs"]
+__all__ = [
+    "TableKind",
+    "against_own",
+    "corpus_golden",
+    "deterministic_check",
+    "inputs_unchanged_check",
+    "token_hygiene",
+    "unchanged_inputs",
+]
 
 
 @contextlib.contextmanager
@@ -45,6 +64,120 @@ def unchanged_inputs(given: Mapping[str, Any], before: Mapping[str, torch.Tensor
         if not bool(same.all()):
             pos = [tuple(p) for p in (~same).nonzero()[:4].tolist()]
             raise CheckFailure(f"the function modified its input {name!r} in place at {pos}")
+
+
+_Call = Callable[..., tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor]]]
+"""A kind's call of the function: ``call(ctx, kw)`` -> ``(result, gradient, tensors as
+passed)``, the result detached."""
+_Run = Callable[[Any, Mapping[str, Any]], float]
+
+
+def inputs_unchanged_check(
+    call: _Call, before: Callable[[Any, Mapping[str, Any]], Mapping[str, torch.Tensor]]
+) -> _Run:
+    """The 'inputs-unchanged' check: ``before(ctx, kw)`` copies the tensors as the function
+    will get them, ``call`` runs it with its gradient, then :func:`unchanged_inputs`."""
+
+    def run(ctx: Any, kw: Mapping[str, Any]) -> float:
+        copies = before(ctx, kw)
+        _, _, given = call(ctx, kw)
+        unchanged_inputs(given, copies)
+        return 0.0
+
+    return run
+
+
+def deterministic_check(call: _Call, numbers: str | None = None) -> _Run:
+    """The 'deterministic' check: two calls of ``call`` on one batch give the same result
+    and gradient, bit for bit (NaN equal to NaN); a failure shows both results as the
+    quantity ``numbers`` (for a scalar result; None: no numbers)."""
+
+    def run(ctx: Any, kw: Mapping[str, Any]) -> float:
+        a, ga, _ = call(ctx, kw)
+        b, gb, _ = call(ctx, kw)
+        assert ga is not None and gb is not None
+        if not (bool(bitwise_equal(a, b).all()) and bool(bitwise_equal(ga, gb).all())):
+            raise CheckFailure(
+                "the function returned different results for the same batch on two calls",
+                numbers=[] if numbers is None else [(numbers, fmt(float(a)), fmt(float(b)))],
+            )
+        return 0.0
+
+    return run
+
+
+def token_hygiene(
+    inputs: str,
+    result: str,
+    call: _Call,
+    before: Callable[[Any, Mapping[str, Any]], Mapping[str, torch.Tensor]],
+    *,
+    padding_values: _Run,
+    padding_columns: _Run,
+    numbers: str | None = None,
+) -> tuple[KindCheck, ...]:
+    """:func:`~pytest_polgrad.kinds._tokens.hygiene_checks` with the kind's own padding
+    checks, and its in-place and determinism checks made from ``call``
+    (:func:`inputs_unchanged_check` with ``before``, :func:`deterministic_check` with
+    ``numbers``)."""
+    return hygiene_checks(
+        inputs,
+        result,
+        padding_values=padding_values,
+        padding_columns=padding_columns,
+        inputs_unchanged=inputs_unchanged_check(call, before),
+        deterministic=deterministic_check(call, numbers),
+    )
+
+
+class TableKind(Kind):
+    """A token kind whose checks are one fixed ``table`` (by name, in report order, each
+    for the layouts :func:`~pytest_polgrad.kinds._packed.for_layout` keeps), whose context
+    is a ``context`` (a :class:`~pytest_polgrad.kinds._tokens.TokenContext`) over the
+    tensors ``inputs`` (the first one required), and whose inputs' shape for a check is
+    :meth:`shape` (checks with equal shapes share a pool)."""
+
+    def __init__(
+        self,
+        table: Mapping[str, KindCheck],
+        inputs: tuple[str, ...],
+        context: type[TokenContext] = TokenContext,
+    ) -> None:
+        self.table = table
+        self.inputs = inputs
+        self.context_class = context
+
+    def missing(self, name: str) -> str:
+        """The verdict for a function ``name`` without the first of :attr:`inputs`."""
+        raise NotImplementedError
+
+    def shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
+        """The strategy's keywords for ``check``."""
+        raise NotImplementedError
+
+    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
+        return for_layout(list(self.table.values()), options)
+
+    def check(self, name: str) -> KindCheck | None:
+        return self.table.get(name)
+
+    def context(
+        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
+    ) -> TokenContext:
+        takes = parameters(fn, self.inputs)
+        if self.inputs[0] not in takes:
+            raise Verdict(self.missing(name))
+        return self.context_class(
+            fn=fn,
+            name=name,
+            options=options,
+            config=config,
+            tolerance=tolerance_for(options),
+            takes=takes,
+        )
+
+    def pool_key(self, ctx: Any, check: KindCheck) -> Hashable:
+        return tuple(sorted((k, repr(v)) for k, v in self.shape(ctx, check).items()))
 
 
 _Entry = tuple[dict[str, torch.Tensor], dict[str, EntryScale]]

@@ -17,6 +17,7 @@ from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean
 from pytest_polgrad.core.tolerance import Comparison, Tolerance
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds._returned import scalar_result
 from pytest_polgrad.strategies._snippet import snippet
 
 __all__ = [
@@ -269,13 +270,7 @@ def pick_output(result: object, key: object, default: str) -> object:
 
 def require_scalar(value: object, what: str) -> torch.Tensor:
     """A floating scalar tensor, or a :class:`Verdict` saying what came back instead."""
-    if not isinstance(value, torch.Tensor):
-        raise Verdict(f"{what}: the function returned {type(value).__name__}, not a tensor")
-    if value.numel() != 1 or value.dim() > 1:
-        raise Verdict(f"{what}: the function returned shape {list(value.shape)}, not a scalar")
-    if not value.is_floating_point():
-        raise Verdict(f"{what}: the function returned a {value.dtype} tensor, not a float")
-    return value.reshape(())
+    return scalar_result(value, what, Verdict)
 
 
 def fmt(x: float) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,23 +23,19 @@ from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.entropy import token_entropy
 from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
-from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
-from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
-from pytest_polgrad.kinds._token_checks import against_own, corpus_golden, unchanged_inputs
+from pytest_polgrad.kinds._packed import call_in_layout, snippet_call, snippet_helper
+from pytest_polgrad.kinds._token_checks import TableKind, against_own, corpus_golden, token_hygiene
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     aggregation_override,
-    bitwise_equal,
     fmt,
-    hygiene_checks,
     named_reference,
-    parameters,
     pick_output,
     require_budget,
-    tolerance_for,
     unknown_overrides,
     worst_entries,
 )
@@ -279,22 +275,8 @@ def _check_padding_columns(ctx: Any, kw: Mapping[str, Any]) -> float:
     return _own(ctx, kw, wide, "with 3 more padding columns")
 
 
-def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
-    before = {n: kw[n].detach().clone() for n in INPUT_NAMES if n in ctx.takes}
-    _, _, given = call_entropy(ctx, kw)
-    unchanged_inputs(given, before)
-    return 0.0
-
-
-def _check_deterministic(ctx: Any, kw: Mapping[str, Any]) -> float:
-    a, ga, _ = call_entropy(ctx, kw)
-    b, gb, _ = call_entropy(ctx, kw)
-    assert ga is not None and gb is not None
-    if not (bool(bitwise_equal(a, b).all()) and bool(bitwise_equal(ga, gb).all())):
-        raise CheckFailure(
-            "the function returned different results for the same batch on two calls"
-        )
-    return 0.0
+def _before(ctx: Any, kw: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    return {n: kw[n].detach().clone() for n in INPUT_NAMES if n in ctx.takes}
 
 
 _CHECKS: dict[str, KindCheck] = {
@@ -312,13 +294,13 @@ _CHECKS: dict[str, KindCheck] = {
             _check_value,
             domain="extreme",
         ),
-        *hygiene_checks(
+        *token_hygiene(
             "logits",
             "result",
+            call_entropy,
+            _before,
             padding_values=_check_padding_values,
             padding_columns=_check_padding_columns,
-            inputs_unchanged=_check_inputs_unchanged,
-            deterministic=_check_deterministic,
         ),
     )
 }
@@ -326,7 +308,7 @@ _CHECKS: dict[str, KindCheck] = {
 _OVERRIDES = frozenset({"aggregation", "budget", "negate", "bits"})
 
 
-class EntropyKind(Kind):
+class EntropyKind(TableKind):
     """The entropy :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "entropy"
@@ -350,31 +332,13 @@ class EntropyKind(Kind):
             )
         return out
 
-    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
-        return for_layout(list(_CHECKS.values()), options)
-
-    def check(self, name: str) -> KindCheck | None:
-        return _CHECKS.get(name)
-
-    def context(
-        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
-    ) -> EntropyContext:
-        takes = parameters(fn, INPUT_NAMES)
-        if "logits" not in takes:
-            raise Verdict(
-                f"{name} has no 'logits' parameter; an entropy function takes logits "
-                "[B, T, V] and response_mask [B, T]"
-            )
-        return EntropyContext(
-            fn=fn,
-            name=name,
-            options=options,
-            config=config,
-            tolerance=tolerance_for(options),
-            takes=takes,
+    def missing(self, name: str) -> str:
+        return (
+            f"{name} has no 'logits' parameter; an entropy function takes logits "
+            "[B, T, V] and response_mask [B, T]"
         )
 
-    def _shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
+    def shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
         patterns = (
             ("large", "peaked") if check.domain == "extreme" else ("normal", "peaked", "uniform")
         )
@@ -386,11 +350,8 @@ class EntropyKind(Kind):
             padding="nan" if ctx.options.padding_nan else "garbage",
         )
 
-    def pool_key(self, ctx: Any, check: KindCheck) -> Hashable:
-        return tuple(sorted((k, repr(v)) for k, v in self._shape(ctx, check).items()))
-
     def strategy(self, ctx: Any, check: KindCheck) -> Any:
-        return logit_batches(**self._shape(ctx, check))
+        return logit_batches(**self.shape(ctx, check))
 
     def corpus(self, ctx: Any) -> dict[str, LogitBatch]:
         return entropy_corpus(ctx.tolerance.input_dtype)
@@ -496,7 +457,7 @@ def entropy_snippet(ctx: TokenContext, inputs: LogitBatch, check: KindCheck) -> 
     )
 
 
-KIND = EntropyKind()
+KIND = EntropyKind(_CHECKS, INPUT_NAMES, EntropyContext)
 
 
 # ---- corpus -------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -23,24 +23,20 @@ from polgrad_reference import Aggregation, PolgradError, token_weights
 from polgrad_reference.value import value_loss_per_token
 from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
-from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
+from pytest_polgrad.core.kinds import Diagnosis, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
 from pytest_polgrad.core.snippets import check_lines, importable, kind_snippet, pick_line
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
-from pytest_polgrad.kinds._packed import call_in_layout, for_layout, snippet_call, snippet_helper
-from pytest_polgrad.kinds._token_checks import against_own, corpus_golden, unchanged_inputs
+from pytest_polgrad.kinds._packed import call_in_layout, snippet_call, snippet_helper
+from pytest_polgrad.kinds._token_checks import TableKind, against_own, corpus_golden, token_hygiene
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     aggregation_override,
-    bitwise_equal,
     fmt,
-    hygiene_checks,
     named_reference,
-    parameters,
     pick_output,
     require_budget,
     require_scalar,
-    tolerance_for,
     unknown_overrides,
     worst_entries,
 )
@@ -302,25 +298,6 @@ def _check_padding_columns(ctx: Any, kw: Mapping[str, Any]) -> float:
     return _check_same_loss(ctx, kw, wide, "with 3 more padding columns")
 
 
-def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
-    before = _edge(ctx, kw)
-    _, _, given = call_value_loss(ctx, kw)
-    unchanged_inputs(given, before)
-    return 0.0
-
-
-def _check_deterministic(ctx: Any, kw: Mapping[str, Any]) -> float:
-    a, ga, _ = call_value_loss(ctx, kw)
-    b, gb, _ = call_value_loss(ctx, kw)
-    assert ga is not None and gb is not None
-    if not (bool(bitwise_equal(a, b)) and bool(bitwise_equal(ga, gb).all())):
-        raise CheckFailure(
-            "the function returned different results for the same batch on two calls",
-            numbers=[("loss", fmt(float(a)), fmt(float(b)))],
-        )
-    return 0.0
-
-
 _CHECKS: dict[str, KindCheck] = {
     c.name: c
     for c in (
@@ -334,13 +311,14 @@ _CHECKS: dict[str, KindCheck] = {
             _check_value,
             domain="extreme",
         ),
-        *hygiene_checks(
+        *token_hygiene(
             "values",
             "loss",
+            call_value_loss,
+            _edge,
             padding_values=_check_padding_values,
             padding_columns=_check_padding_columns,
-            inputs_unchanged=_check_inputs_unchanged,
-            deterministic=_check_deterministic,
+            numbers="loss",
         ),
     )
 }
@@ -348,7 +326,7 @@ _CHECKS: dict[str, KindCheck] = {
 _OVERRIDES = frozenset({"clip_range", "aggregation", "budget", "half"})
 
 
-class ValueLossKind(Kind):
+class ValueLossKind(TableKind):
     """The value-loss :class:`~pytest_polgrad.core.kinds.Kind` (see the module docstring)."""
 
     name = "value_loss"
@@ -371,31 +349,13 @@ class ValueLossKind(Kind):
         require_budget(out.aggregation, out.budget)
         return out
 
-    def checks(self, config: Any, options: ConformanceOptions) -> list[KindCheck]:
-        return for_layout(list(_CHECKS.values()), options)
-
-    def check(self, name: str) -> KindCheck | None:
-        return _CHECKS.get(name)
-
-    def context(
-        self, fn: Callable[..., Any], name: str, config: Any, options: ConformanceOptions
-    ) -> ValueLossContext:
-        takes = parameters(fn, INPUT_NAMES)
-        if "values" not in takes:
-            raise Verdict(
-                f"{name} has no 'values' parameter; a value loss takes keyword tensors among "
-                f"{', '.join(INPUT_NAMES)}"
-            )
-        return ValueLossContext(
-            fn=fn,
-            name=name,
-            options=options,
-            config=config,
-            tolerance=tolerance_for(options),
-            takes=takes,
+    def missing(self, name: str) -> str:
+        return (
+            f"{name} has no 'values' parameter; a value loss takes keyword tensors among "
+            f"{', '.join(INPUT_NAMES)}"
         )
 
-    def _shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
+    def shape(self, ctx: Any, check: KindCheck) -> dict[str, Any]:
         ref: ValueLossReference = ctx.config
         return dict(
             max_batch=min(6, ctx.options.max_batch),
@@ -406,11 +366,8 @@ class ValueLossKind(Kind):
             padding="nan" if ctx.options.padding_nan else "garbage",
         )
 
-    def pool_key(self, ctx: Any, check: KindCheck) -> Hashable:
-        return tuple(sorted((k, repr(v)) for k, v in self._shape(ctx, check).items()))
-
     def strategy(self, ctx: Any, check: KindCheck) -> Any:
-        return value_batches(**self._shape(ctx, check))
+        return value_batches(**self.shape(ctx, check))
 
     def corpus(self, ctx: Any) -> dict[str, ValueBatch]:
         ref: ValueLossReference = ctx.config
@@ -524,7 +481,7 @@ def value_loss_snippet(ctx: TokenContext, inputs: ValueBatch, check: KindCheck) 
     )
 
 
-KIND = ValueLossKind()
+KIND = ValueLossKind(_CHECKS, INPUT_NAMES, ValueLossContext)
 
 
 # ---- corpus -----------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from polgrad_reference.errors import ConfigError, InputError, InputTypeError
+from pytest_polgrad.kinds._returned import scalar_result
 from pytest_polgrad.kinds.training_step._text import empty_hint
 
 if TYPE_CHECKING:
@@ -985,7 +986,7 @@ def _micro_step(
             )
         value: float | None = None
     else:
-        loss = _scalar(_pick(result, job.loss, where), where)
+        loss = scalar_result(_pick(result, job.loss, where), where, _Fail)
         if not loss.requires_grad:
             raise _Fail(f"{where}: the returned loss is not differentiable in logprobs")
         try:
@@ -1021,16 +1022,6 @@ def _pick(result: object, key: str | int | None, where: str) -> object:
             raise _Fail(f"{where}: loss={key!r} does not index the {len(result)} items returned")
         return result[i]
     return result
-
-
-def _scalar(value: object, where: str) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise _Fail(f"{where}: the function returned {type(value).__name__}, not a tensor")
-    if value.numel() != 1 or value.dim() > 1:
-        raise _Fail(f"{where}: the function returned shape {list(value.shape)}, not a scalar")
-    if not value.is_floating_point():
-        raise _Fail(f"{where}: the function returned a {value.dtype} tensor, not a float")
-    return value.reshape(())
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
