@@ -182,7 +182,7 @@ def accumulate(
                     kwargs[name] = getattr(info, name)
             if "step" in ctx.takes:
                 kwargs["step"] = info
-            mb_mask = mask[torch.tensor(info.rows)][:, :width]
+            mb_mask = mask[torch.tensor(info.rows, dtype=torch.long)][:, :width]
             passed = as_passed(ctx.takes, kwargs)
             result = call_in_layout(ctx.options, ctx.fn, passed, mb_mask, where)
             if result is None:
