@@ -33,6 +33,7 @@ _C = "tests/frameworks/test_all_components.py::"
 _K = "tests/frameworks/test_all_kinds.py::"
 _S = "tests/frameworks/test_all_training_steps.py::"
 _L = "tests/frameworks/test_all_logprobs.py::"
+_G = "tests/frameworks/test_all_distributed_steps.py::"
 
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
@@ -140,6 +141,15 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         "verl",
         "0.9.1",
+        "core_algos.compute_policy_loss_geo_mean, accumulation on a real DDP group",
+        "the same per-micro-batch torch.mean on 2 gloo ranks under DistributedDataParallel: "
+        "the step's gradient after DDP's average is a multiple of the full-batch one, as on "
+        "the simulated ranks",
+        _G + "verl_geo_mean_ddp[gmpo-data-parallel]",
+    ),
+    Deviation(
+        "verl",
+        "0.9.1",
         "verl.utils.torch_functional.logprobs_from_logits (no flash-attn: logprobs_from_logits_v2)",
         "bfloat16 logits go through log_softmax in bfloat16; float32 logits through logsumexp. "
         "The logprob of the sampled token is then off by up to ~0.1 nats against a float32 "
@@ -213,6 +223,15 @@ DEVIATIONS: tuple[Deviation, ...] = (
         " / steps_per_generation it equals the optimizer step's token count only when every "
         "step of a generation batch holds as many tokens (DAPO Eq. 8 normalises by the step's)",
         _S + "trl_dapo_step[dapo-generation-steps]",
+    ),
+    Deviation(
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss(loss_type='dapo'), accumulation on a real DDP group",
+        "the same generation-batch normaliser on 2 gloo ranks under DistributedDataParallel "
+        "(and FSDP2): the reduced gradient differs from the step's token-mean exactly as on "
+        "the simulated ranks",
+        _G + "trl_dapo_ddp[dapo-generation-steps]",
     ),
     Deviation(
         "trl",

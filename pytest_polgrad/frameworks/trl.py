@@ -10,10 +10,11 @@ zero, no auxiliary loss). TRL is imported on the first call.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -162,17 +163,31 @@ def _call(
     return loss
 
 
-def training_step(**options: Any) -> Callable[..., Tensor]:
-    """One micro-batch's ``GRPOTrainer._compute_loss`` inside an optimizer step, for the kit's
-    ``training_step`` kind: ``GRPOConfig(gradient_accumulation_steps=k,
-    steps_per_generation=s, **options)`` with the split's ``k`` and ``s``,
-    ``current_gradient_accumulation_steps = k``, ``num_processes = world_size`` and
-    ``inputs["num_items_in_batch"]`` = the response tokens of the whole generation batch on
-    every rank (``generation_tokens``), as TRL's ``_prepare_inputs`` passes it."""
-    require_installed("trl")
-    configs: dict[tuple[int, int], Any] = {}
+_CONFIGS: dict[str, Any] = {}
+"""``GRPOConfig`` objects by their options (one per split shape a process sees)."""
 
-    def trl_training_step(
+
+def _step_config(gradient_accumulation_steps: int, steps_per_generation: int, options: Any) -> Any:
+    key = repr((gradient_accumulation_steps, steps_per_generation, sorted(options.items())))
+    if key not in _CONFIGS:
+        _CONFIGS[key] = grpo_config(
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            steps_per_generation=steps_per_generation,
+            **options,
+        )
+    return _CONFIGS[key]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _TrainingStep:
+    """TRL's ``_compute_loss`` for one micro-batch of an optimizer step (see
+    :func:`training_step`). A module-level class holding only plain options, so the
+    distributed runner can pickle it and the ranks import it by name."""
+
+    options: Mapping[str, Any]
+
+    def __call__(
+        self,
         *,
         logprobs: Tensor,
         old_logprobs: Tensor,
@@ -183,17 +198,10 @@ def training_step(**options: Any) -> Callable[..., Tensor]:
         steps_per_generation: int,
         generation_tokens: int,
     ) -> Tensor:
-        key = (gradient_accumulation_steps, steps_per_generation)
-        if key not in configs:
-            configs[key] = grpo_config(
-                gradient_accumulation_steps=gradient_accumulation_steps,
-                steps_per_generation=steps_per_generation,
-                **options,
-            )
+        require_installed("trl")
+        args = _step_config(gradient_accumulation_steps, steps_per_generation, self.options)
         trainer = _trainer(
-            configs[key],
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            world_size=world_size,
+            args, gradient_accumulation_steps=gradient_accumulation_steps, world_size=world_size
         )
         return _call(
             trainer,
@@ -205,7 +213,20 @@ def training_step(**options: Any) -> Callable[..., Tensor]:
             torch.tensor(generation_tokens),
         )
 
-    return trl_training_step
+
+def training_step(**options: Any) -> Callable[..., Tensor]:
+    """One micro-batch's ``GRPOTrainer._compute_loss`` inside an optimizer step, for the kit's
+    ``training_step`` kind: ``GRPOConfig(gradient_accumulation_steps=k,
+    steps_per_generation=s, **options)`` with the split's ``k`` and ``s``,
+    ``current_gradient_accumulation_steps = k``, ``num_processes = world_size`` and
+    ``inputs["num_items_in_batch"]`` = the response tokens of the whole generation batch on
+    every rank (``generation_tokens``), as TRL's ``_prepare_inputs`` passes it (after its
+    own gather of the counts across processes).
+
+    The returned callable is a module-level class's instance (plain options only), so it
+    runs under ``distributed="ddp"`` / ``"fsdp"`` as it is."""
+    require_installed("trl")
+    return _TrainingStep(dict(options))
 
 
 def entropy(*, logits: Tensor) -> Tensor:

@@ -187,21 +187,33 @@ def compute_advantage(
     return advantages  # type: ignore[no-any-return]
 
 
-def training_step(
-    mode: str, *, loss_agg_mode: str = "token-mean", **options: Any
-) -> Callable[..., Tensor]:
-    """One micro-batch's loss as verl 0.9.1's actor computes it for ``backward()``
-    (``workers/utils/losses.py`` ``ppo_loss``): the policy loss of ``mode`` with
-    ``config.global_batch_info = {"dp_size": world_size, "batch_num_tokens":
-    global_tokens, "global_batch_size": global_rows, "loss_scale_factor": None}``, the
-    step-wide counts verl's engine all-reduces before the micro-batches run
-    (``workers/engine/fsdp/transformer_impl.py``). For the kit's ``training_step`` kind.
-    """
-    if mode not in POLICY_LOSS_MODES:
-        raise ValueError(f"mode must be one of {', '.join(POLICY_LOSS_MODES)}, got {mode!r}")
-    base = dict(options)
+def _step_counts(
+    rank_tokens: int | None, world_size: int, global_tokens: int, device: torch.device
+) -> tuple[int, int]:
+    """``(dp_size, batch_num_tokens)`` as verl's engine finds them: on a real process group
+    the rank's response-token count all-reduced (SUM) over the group and the group's size
+    (``forward_backward_batch``, ``workers/engine/fsdp/transformer_impl.py``); without one
+    (or without ``rank_tokens``), the kit's own step-wide counts (the same numbers)."""
+    dist = torch.distributed
+    if rank_tokens is not None and dist.is_available() and dist.is_initialized():
+        count = torch.tensor(rank_tokens, dtype=torch.int64, device=device)
+        dist.all_reduce(count, op=dist.ReduceOp.SUM)
+        return dist.get_world_size(), int(count)
+    return world_size, global_tokens
 
-    def verl_training_step(
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _TrainingStep:
+    """verl's actor step for one micro-batch (see :func:`training_step`). A module-level
+    class holding only plain options, so the distributed runner can pickle it and the
+    ranks import it by name."""
+
+    mode: str
+    loss_agg_mode: str
+    options: Mapping[str, Any]
+
+    def __call__(
+        self,
         *,
         logprobs: Tensor,
         old_logprobs: Tensor,
@@ -210,25 +222,45 @@ def training_step(
         world_size: int,
         global_tokens: int,
         global_rows: int,
+        rank_tokens: int | None = None,
     ) -> Tensor:
+        dp_size, num_tokens = _step_counts(rank_tokens, world_size, global_tokens, logprobs.device)
         info = {
-            "dp_size": world_size,
-            "batch_num_tokens": global_tokens,
+            "dp_size": dp_size,
+            "batch_num_tokens": num_tokens,
             "global_batch_size": global_rows,
             "loss_scale_factor": None,
         }
-        loss, _metrics = _core().get_policy_loss_fn(mode)(
+        loss, _metrics = _core().get_policy_loss_fn(self.mode)(
             old_log_prob=old_logprobs,
             log_prob=logprobs,
             advantages=_token_advantages(advantages, logprobs),
             response_mask=response_mask,
-            loss_agg_mode=loss_agg_mode,
-            config=actor_config(**base, global_batch_info=info),
+            loss_agg_mode=self.loss_agg_mode,
+            config=actor_config(**dict(self.options), global_batch_info=info),
         )
         return loss  # type: ignore[no-any-return]
 
-    verl_training_step.__qualname__ = f"verl_{mode}_training_step"
-    return verl_training_step
+
+def training_step(
+    mode: str, *, loss_agg_mode: str = "token-mean", **options: Any
+) -> Callable[..., Tensor]:
+    """One micro-batch's loss as verl 0.9.1's actor computes it for ``backward()``
+    (``workers/utils/losses.py`` ``ppo_loss``): the policy loss of ``mode`` with
+    ``config.global_batch_info = {"dp_size": D, "batch_num_tokens": N, "global_batch_size":
+    global_rows, "loss_scale_factor": None}``, where ``N`` and ``D`` are the step-wide
+    counts verl's engine all-reduces before the micro-batches run
+    (``workers/engine/fsdp/transformer_impl.py``): on a real process group the step
+    all-reduces ``rank_tokens`` itself (when the caller passes it), as the engine does;
+    otherwise it takes the kit's ``global_tokens`` and ``world_size``. For the kit's
+    ``training_step`` kind.
+
+    The returned callable is a module-level class's instance (plain options only), so it
+    runs under ``distributed="ddp"`` / ``"fsdp"`` as it is.
+    """
+    if mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"mode must be one of {', '.join(POLICY_LOSS_MODES)}, got {mode!r}")
+    return _TrainingStep(mode, loss_agg_mode, dict(options))
 
 
 def entropy(
