@@ -100,7 +100,9 @@ def _trainer(args: Any, *, gradient_accumulation_steps: int, world_size: int = 1
 def grpo_loss(*, num_items_in_batch: str | int = "local", **options: Any) -> Callable[..., Tensor]:
     """A loss function ``(logprobs, old_logprobs, advantages, response_mask[,
     ref_logprobs]) -> loss`` that returns ``GRPOTrainer._compute_loss(model, inputs)`` for a
-    trainer configured with ``GRPOConfig(**options)`` (see :func:`grpo_config`).
+    trainer configured with ``GRPOConfig(**options)`` (see :func:`grpo_config`). It takes
+    ``ref_logprobs`` (required) only when ``beta != 0``: at TRL's default ``beta=0.0`` it
+    takes none, so a marker compares it with the reference's loss without the KL term.
 
     ``inputs`` carries ``old_per_token_logps=old_logprobs``, ``ref_per_token_logps`` (when
     ``beta != 0``), ``advantages`` ``[B]``, ``completion_mask`` (``int64``, as TRL builds it)
@@ -111,13 +113,13 @@ def grpo_loss(*, num_items_in_batch: str | int = "local", **options: Any) -> Cal
     args = grpo_config(**options)
     steps = int(args.gradient_accumulation_steps)
 
-    def trl_grpo_loss(
+    def trl_grpo_loss_with_kl(
         *,
         logprobs: Tensor,
         old_logprobs: Tensor,
         advantages: Tensor,
         response_mask: Tensor,
-        ref_logprobs: Tensor | None = None,
+        ref_logprobs: Tensor,
     ) -> Tensor:
         trainer = _trainer(args, gradient_accumulation_steps=steps)
         count = (
@@ -128,6 +130,22 @@ def grpo_loss(*, num_items_in_batch: str | int = "local", **options: Any) -> Cal
         return _call(
             trainer, logprobs, old_logprobs, advantages, response_mask, ref_logprobs, count
         )
+
+    if args.beta != 0.0:
+        return trl_grpo_loss_with_kl
+
+    # beta == 0 (TRL's default): TRL reads no reference log-probs, so the function takes
+    # none; a marker then compares with the reference's loss without its KL term.
+    def trl_grpo_loss(
+        *, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        trainer = _trainer(args, gradient_accumulation_steps=steps)
+        count = (
+            response_mask.sum()
+            if num_items_in_batch == "local"
+            else torch.tensor(num_items_in_batch)
+        )
+        return _call(trainer, logprobs, old_logprobs, advantages, response_mask, None, count)
 
     return trl_grpo_loss
 
