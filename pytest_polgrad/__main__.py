@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from pytest_polgrad.core.kinds import get_kind
 from pytest_polgrad.core.options import did_you_mean, parse_marker
 from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.pytest.collect import reference_hint
@@ -123,8 +124,6 @@ def which(fn: Callable[..., Any], options: Any, *, top: int, name: str | None = 
 def _which_kind(ctx: Any, options: Any) -> str:
     """``which`` for a kind other than the policy loss: the kind's own diagnosis on its
     canonical corpus (what a failure report of that kind carries), one MATCH row."""
-    from pytest_polgrad.core.kinds import get_kind
-
     found = get_kind(options.kind).diagnose(ctx, None)
     lines = [
         f"{ctx.name} on the canonical corpus of kind={options.kind!r} ({options.dtype}), "

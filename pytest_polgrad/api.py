@@ -13,8 +13,12 @@ from pytest_polgrad.core.engine import (
     resolve_config,
     run_check,
 )
+from pytest_polgrad.core.expect import evidence_budget, excused_reason, judge
 from pytest_polgrad.core.kinds import CallStore
 from pytest_polgrad.core.options import MarkerError, parse_marker
+from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
+from pytest_polgrad.pytest.collect import checks_for_options
+from pytest_polgrad.pytest.notes import passing_notes
 
 __all__ = ["ConformanceError", "ConformanceReport", "assert_conforms"]
 
@@ -84,8 +88,6 @@ class ConformanceReport:
         if r.check in self.unexcused:
             return "FAILED (declared, but not excused: " + self.unexcused[r.check] + ")"
         if r.check in self.expected:
-            from pytest_polgrad.core.expect import excused_reason
-
             measured = self.measured.get(r.check)
             if measured is None:
                 return "expected failure: " + self.expected[r.check]
@@ -107,8 +109,6 @@ class ConformanceReport:
     def summary(self) -> str:
         """One row per check: its status, then what happened (:meth:`_counts`); then the
         time row (:meth:`timing`) and the notes of passing checks."""
-        from pytest_polgrad.pytest.notes import passing_notes
-
         lines = [f"{self.function} against {self.reference!r} ({self.kind}):"]
         for r in self.results:
             lines.append(f"  {r.check:<18} {self._status(r)}  {self._counts(r)}".rstrip())
@@ -119,8 +119,6 @@ class ConformanceReport:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        from pytest_polgrad.core.verdicts import repeated_verdict, verdict_key
-
         parts = [self.summary()]
         first: dict[str, str] = {}  # one full report per verdict, as the plugin prints
         for r in self.unexpected_failures:
@@ -169,8 +167,6 @@ def assert_conforms(
     raise :class:`ConformanceError` on an undeclared failure, a declared one that
     ``expect=`` does not excuse (docs/conformance.md) or a stale ``expect=`` entry, and
     return the report otherwise. ``name`` is the function's name in reports."""
-    from pytest_polgrad.core.expect import evidence_budget, judge
-    from pytest_polgrad.pytest.collect import checks_for_options
 
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise MarkerError(f"seed must be an int, got {type(seed).__name__} {seed!r}")

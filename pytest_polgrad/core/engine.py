@@ -36,7 +36,7 @@ from pytest_polgrad.core.kinds import (
     remember,
 )
 from pytest_polgrad.core.saved_snippets import reproduce_lines
-from pytest_polgrad.core.verdicts import CheckFailure, value_tables
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict, value_tables
 
 __all__ = [
     "CheckResult",
@@ -160,7 +160,11 @@ def clear_pools() -> None:
 
 
 def _settings(max_examples: int, *, shrink: bool) -> Callable[[Any], Any]:
-    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis import (  # hypothesis: when a check runs, not at plugin load
+        HealthCheck,
+        Phase,
+        settings,
+    )
 
     phases = (Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     return settings(
@@ -180,10 +184,10 @@ def _draw_pool(strategy: Any, seed: int, max_examples: int) -> tuple[Any, ...]:
     strategy's own plan code with seeded random choices where the strategy supports that
     (:mod:`strategies._sample`, no Hypothesis bookkeeping per input), else the inputs
     Hypothesis generates."""
-    from hypothesis import given
-    from hypothesis import seed as fix_seed
+    from hypothesis import given  # hypothesis: when a check runs, not at plugin load
+    from hypothesis import seed as fix_seed  # hypothesis: when a check runs, not at plugin load
 
-    from pytest_polgrad.strategies._sample import sample, sampleable
+    from pytest_polgrad.strategies._sample import sample, sampleable  # torch, hypothesis: as above
 
     if sampleable(strategy):
         try:
@@ -245,9 +249,6 @@ class _Found:
 
 
 def _failures() -> tuple[type[BaseException], ...]:
-    # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.verdicts import Verdict
-
     return (CheckFailure, Verdict)
 
 
@@ -286,9 +287,9 @@ def _search(
 ) -> tuple[_Found | None, int, bool]:
     """Hypothesis search + shrink; ``(found, examples, flaky)``. ``flaky`` is True when
     Hypothesis saw a failure it could not reproduce on the same input."""
-    from hypothesis import given
-    from hypothesis import seed as fix_seed
-    from hypothesis.errors import Flaky
+    from hypothesis import given  # hypothesis: when a check runs, not at plugin load
+    from hypothesis import seed as fix_seed  # hypothesis: when a check runs, not at plugin load
+    from hypothesis.errors import Flaky  # hypothesis: when a check runs, not at plugin load
 
     counter = [0]
     last: list[Any] = [None]
@@ -462,9 +463,6 @@ def _refine(
 
 
 def _non_deterministic(found: _Found) -> _Found:
-    # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.verdicts import Verdict
-
     verdict = Verdict(
         f"{NON_DETERMINISTIC} (first: {found.exc}; then it passed, or Hypothesis saw the "
         "same input give a different outcome)"
@@ -501,9 +499,6 @@ def _generic_report(
     diagnose: bool,
 ) -> tuple[str, str, str]:
     """A report from the contract alone: property, verdict, numbers, diagnosis, snippet."""
-    # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.verdicts import Verdict
-
     exc = found.exc
     label = "verdict" if isinstance(exc, Verdict) else "finding"
     ref = getattr(ctx.options, "reference_id", "")

@@ -34,7 +34,7 @@ from typing import Any
 
 from pytest_polgrad.core.engine import check_of, corpus_of, is_verdict, kind_of, prepared
 from pytest_polgrad.core.options import PROFILES
-from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 
 __all__ = [
     "BASIS",
@@ -112,9 +112,6 @@ class Judgement:
 def measure(ctx: Any, check_name: str) -> tuple[float, str]:
     """Run ``check_name`` on every canonical corpus input: ``(worst error, verdict)``
     where ``verdict`` names the first input on which the function misbehaved ("" if none)."""
-    # core.calls imports torch; this module stays torch-free for the plugin's load
-    from pytest_polgrad.core.verdicts import Verdict
-
     kind = kind_of(ctx.options)
     check = check_of(kind, ctx, check_name)
     worst = 0.0

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_polgrad.frameworks._pins import PINS
+from pytest_polgrad.frameworks.deviations import DEVIATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = Path(__file__).with_name("requirements.txt")
@@ -29,7 +30,10 @@ SUPPORT = Path(__file__).with_name("support.txt")
 
 
 def _record(frameworks: Sequence[str], out: Path | None) -> int:
-    from pytest_polgrad.frameworks.recorded import record, write
+    from pytest_polgrad.frameworks.recorded import (  # torch: this command only
+        record,
+        write,
+    )
 
     for fw in frameworks or list(PINS):
         path = write(record(fw), out)
@@ -39,15 +43,20 @@ def _record(frameworks: Sequence[str], out: Path | None) -> int:
 
 def _changes(against: Path | None, live_dir: Path | None = None) -> list[str]:
     """Lines describing every recorded output and deviation claim that changed."""
-    from pytest_polgrad.frameworks.cases import CASES
-    from pytest_polgrad.frameworks.recorded import compare_outputs, load, reference_outputs
+    # torch (cases, recorded): this command only, so --help starts without it
+    from pytest_polgrad.frameworks.cases import CASES  # torch: as the line above says
+    from pytest_polgrad.frameworks.recorded import (  # torch: as above
+        compare_outputs,
+        load,
+        reference_outputs,
+    )
 
     lines: list[str] = []
     for fw in PINS:
         old = load(fw, against)
         new = load(fw, live_dir) if live_dir is not None else None
         if new is None:
-            from pytest_polgrad.frameworks.recorded import record
+            from pytest_polgrad.frameworks.recorded import record  # torch: as above
 
             new = record(fw)
         if new["version"] != old["version"]:
@@ -95,8 +104,6 @@ def _newest(py: str, dist: str) -> str:
 
 
 def _deviation_status(py: str, workdir: Path) -> dict[str, str]:
-    from pytest_polgrad.frameworks.deviations import DEVIATIONS
-
     xml = workdir / "deviations.xml"
     ids = sorted({d.nodeid for d in DEVIATIONS})
     subprocess.run(
@@ -137,7 +144,7 @@ def _drift(venv: Path | None, keep: bool) -> int:
     try:
         if not Path(py).exists():
             _run([sys.executable, "-m", "venv", str(scratch)])
-        import torch
+        import torch  # its version pins the scratch venv; --help starts without it
 
         _run([py, "-m", "pip", "install", "-q", f"torch=={torch.__version__.split('+')[0]}"])
         _run([py, "-m", "pip", "install", "-q", "-e", str(REPO)])

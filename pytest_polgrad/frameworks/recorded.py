@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 from pytest_polgrad.core.corpus import CORPUS_VERSION, canonical_corpus
+from pytest_polgrad.frameworks._adapt import require_installed
 from pytest_polgrad.frameworks._pins import PINS
 from pytest_polgrad.frameworks.cases import CASES, Case, Reference
 
@@ -69,8 +71,6 @@ def _outputs(loss: torch.Tensor, logprobs: torch.Tensor) -> dict[str, Any]:
 
 def record_case(case: Case) -> Outputs:
     """The framework's outputs for ``case`` on every corpus batch (framework installed)."""
-    from importlib import import_module
-
     module = import_module(f"pytest_polgrad.frameworks.{case.framework}")
     options = dict(case.options)
     positional = [options.pop("mode")] if "mode" in options else []
@@ -84,8 +84,6 @@ def record_case(case: Case) -> Outputs:
 
 def record(framework: str) -> dict[str, Any]:
     """The snapshot document of ``framework``: provenance and every case's outputs."""
-    from pytest_polgrad.frameworks._adapt import require_installed
-
     version = require_installed(framework)
     pin = PINS[framework]
     return {

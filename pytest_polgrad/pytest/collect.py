@@ -28,8 +28,15 @@ from typing import Any
 
 import pytest
 
+from pytest_polgrad.core.engine import build_context, kind_of, resolve_config
 from pytest_polgrad.core.kinds import CallStore
-from pytest_polgrad.core.options import ConformanceOptions, MarkerError, did_you_mean, parse_marker
+from pytest_polgrad.core.options import (
+    ConformanceOptions,
+    MarkerError,
+    did_you_mean,
+    parse_marker,
+    validate_check_names,
+)
 
 __all__ = ["Target", "checks_for_options", "param_sets", "reference_hint", "targets"]
 
@@ -245,7 +252,7 @@ def reference_hint(options: ConformanceOptions, message: str) -> str:
         return ""
     known: list[str] = []
     if options.kind in ("policy_loss", "training_step"):
-        from polgrad_reference import ALGORITHMS
+        from polgrad_reference import ALGORITHMS  # torch: not at the plugin's load
 
         known = list(ALGORITHMS)
     elif m := re.search(r"(?:known|one of)[:]? (.*)$", message):
@@ -256,8 +263,6 @@ def reference_hint(options: ConformanceOptions, message: str) -> str:
 def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str, ...]:
     """The checks that generate items for ``options`` (``golden`` last), validated:
     unknown names get "did you mean", ``expect=`` entries must name running checks."""
-    from pytest_polgrad.core.engine import kind_of
-
     kind = kind_of(options)
     unrestricted = dataclasses.replace(options, checks=None) if options.checks else options
     applicable = [c.name for c in kind.checks(config, unrestricted)]
@@ -268,8 +273,6 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
         named = [*options.expect, *(options.checks or ())]
         unknown = [n for n in named if n != "golden" and n not in applicable and not kind.check(n)]
         if unknown:
-            from pytest_polgrad.core.options import validate_check_names
-
             validate_check_names(options, (*applicable, "golden"))
     running = [n for n in applicable if options.checks is None or n in options.checks]
     if options.checks is None or "golden" in options.checks:
@@ -291,8 +294,8 @@ def checks_for_options(options: ConformanceOptions, config: object) -> tuple[str
 def _step_parameters(fn: Callable[..., Any]) -> None:
     """A training step's required parameter the kit cannot fill is one collection error
     (as the policy loss's), not a ``TypeError`` on every run."""
-    from pytest_polgrad.core.calls import ALIASES, resolve_parameters
-    from pytest_polgrad.kinds.training_step.kind import INFO_FIELDS, TENSORS
+    from pytest_polgrad.core.calls import ALIASES, resolve_parameters  # torch: not at load
+    from pytest_polgrad.kinds.training_step.kind import INFO_FIELDS, TENSORS  # torch: as above
 
     resolve_parameters(fn, (*TENSORS, *INFO_FIELDS, "step"), aliases=ALIASES, strict=True)
 
@@ -329,8 +332,6 @@ def targets(collector: Any, name: str, obj: object) -> list[Target] | None:
         return None
     fn, marks = subject
     assert callable(fn)
-    from pytest_polgrad.core.engine import build_context, resolve_config
-
     function_marks = [m for m in marks if getattr(m, "name", None) == MARKER]
     others = tuple(m for m in marks if getattr(m, "name", None) not in (MARKER, "parametrize"))
     found: list[Target] = []

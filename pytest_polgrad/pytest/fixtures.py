@@ -16,12 +16,17 @@ from polgrad_reference import (
     ConfigError,
     PolicyLossConfig,
     PolicyLossOutput,
+    aggregate,
     get_algorithm,
     policy_loss,
 )
 from pytest_polgrad.core.corpus import canonical_corpus
 from pytest_polgrad.core.kinds import get_kind
 from pytest_polgrad.core.options import ConformanceOptions, did_you_mean, parse_marker
+from pytest_polgrad.kinds import advantages as _adv
+from pytest_polgrad.kinds import entropy as _ent
+from pytest_polgrad.kinds import kl as _kl
+from pytest_polgrad.kinds import value_loss as _vl
 
 __all__ = ["make_batch", "make_oracle"]
 
@@ -73,11 +78,6 @@ def make_oracle(
 
 def _kind_oracle(reference: Any, kind: str, overrides: dict[str, Any]) -> Callable[..., Any]:
     """The oracle of the token kinds, from the kind's own reference computation."""
-    from polgrad_reference import aggregate
-    from pytest_polgrad.kinds import advantages as _adv
-    from pytest_polgrad.kinds import entropy as _ent
-    from pytest_polgrad.kinds import kl as _kl
-    from pytest_polgrad.kinds import value_loss as _vl
 
     options = _options("polgrad_oracle", reference, kind, overrides)
     cfg = _resolve("polgrad_oracle", kind, options)

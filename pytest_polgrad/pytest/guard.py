@@ -32,6 +32,7 @@ def _check_snapshot_dir(config: pytest.Config) -> None:
         return
     if not configured:
         return
+    # syrupy: only for a session with snapshots configured, not at the plugin's load
     from pytest_polgrad.core.golden_format import SnapshotPathError, snapshot_base
 
     try:

@@ -18,7 +18,7 @@ from pytest_polgrad.kinds._token_checks import against_own, unchanged_inputs
 from pytest_polgrad.kinds._tokens import bitwise_equal, compare_tensor
 from pytest_polgrad.strategies._logits import read_positions
 
-from .calls import LogprobsContext, call_logprobs
+from .calls import LogprobsContext, call_logprobs, passed_inputs
 from .reference import expected_logprobs, logprob_scales, rows_read
 
 __all__ = ["CHECKS", "boundary_crossings", "reference_of"]
@@ -172,8 +172,6 @@ def _check_padding_columns(ctx: Any, kw: Mapping[str, Any]) -> float:
 
 
 def _check_inputs_unchanged(ctx: Any, kw: Mapping[str, Any]) -> float:
-    from .calls import passed_inputs
-
     before = passed_inputs(ctx, kw)
     res = call_logprobs(ctx, kw)
     unchanged_inputs(res.given, before)

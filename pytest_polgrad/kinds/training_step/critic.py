@@ -29,6 +29,7 @@ import torch
 
 from polgrad_reference.value import value_loss_per_token
 from pytest_polgrad.core.verdicts import CheckFailure, Verdict
+from pytest_polgrad.kinds.training_step.distributed import run_step
 from pytest_polgrad.kinds.training_step.terms import factor_meaning
 from pytest_polgrad.strategies._splits import Split, StepInfo
 
@@ -153,8 +154,6 @@ def check_critic_step(
     if "values" not in _takes(fn):
         raise Verdict(f"the critic step {fn!r} takes no 'values'")
     if wrap is not None and split.world_size > 1:
-        from pytest_polgrad.kinds.training_step.distributed import run_step
-
         tensors = {k: v for k, v in batch.items() if k in CRITIC_INPUTS}
         ran = run_step(fn, tensors, split, wrap=wrap, through="values")
         got = Critic(ran.loss, ran.grad)

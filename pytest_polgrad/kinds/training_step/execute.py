@@ -15,6 +15,7 @@ from typing import Any
 
 from pytest_polgrad.core.verdicts import Verdict
 from pytest_polgrad.kinds.training_step._text import empty_hint
+from pytest_polgrad.kinds.training_step.distributed import DistributedError, accumulate_distributed
 from pytest_polgrad.strategies._splits import Split
 
 __all__ = ["WORLD_SIZES", "empty_hint", "fold", "on_process_group", "run_distributed"]
@@ -60,11 +61,6 @@ def run_distributed(
     (an exception, a bad return, a hang, a dead process) turned into the kit's
     :class:`Verdict`, naming the rank and the group. A :class:`LaunchError` (the
     environment could not start the ranks) propagates: it is no finding about the step."""
-    from pytest_polgrad.kinds.training_step.distributed import (
-        DistributedError,
-        accumulate_distributed,
-    )
-
     split: Split = inputs["split"]
     try:
         return accumulate_distributed(ctx, inputs, wrap=wrap, snapshot=snapshot)
