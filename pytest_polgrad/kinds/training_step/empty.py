@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 from pytest_polgrad.core.corpus import canonical_corpus
 from pytest_polgrad.core.kinds import KindCheck
 from pytest_polgrad.core.options import ConformanceOptions
+from pytest_polgrad.kinds.training_step import shared as _shared
 from pytest_polgrad.kinds.training_step.execute import fold
-from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._sample import composite
 from pytest_polgrad.strategies._splits import Split, splits
 
@@ -75,19 +75,7 @@ def corpus(ctx: Any, make: Make) -> dict[str, Any]:
 def strategy(ctx: Any, make: Make) -> st.SearchStrategy[Any]:
     """Drawn steps (the kind's batches) under ``splits(..., empty=True)``, folded onto the
     process group's size under ``distributed=``."""
-    cfg = ctx.policy
-    drawn = batches(
-        min_batch=1,
-        max_batch=max(ctx.options.max_batch, 1),
-        max_length=ctx.options.max_length,
-        dtype=ctx.tolerance.input_dtype,
-        advantage_shape=ctx.options.advantages,
-        clip=cfg.clip,
-        with_ref_logprobs=cfg.kl_in_loss,
-        with_rollout_logprobs=cfg.is_correction is not None,
-        with_rewards=False,
-        padding="nan" if ctx.options.padding_nan else "garbage",
-    )
+    drawn = _shared.drawn_batches(ctx, max(ctx.options.max_batch, 1))
 
     def _steps(draw: st.DrawFn) -> Any:
         tensors: dict[str, torch.Tensor] = draw(drawn).as_kwargs()

@@ -77,7 +77,6 @@ from pytest_polgrad.kinds.training_step.execute import (
     on_process_group,
     run_distributed,
 )
-from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._snippet import snippet as tensor_snippet
 from pytest_polgrad.strategies._splits import Split, StepInfo
 
@@ -479,19 +478,7 @@ class TrainingStepKind(Kind):
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[Any]:
         if check.domain == _empty.EMPTY:
             return _empty.strategy(ctx, StepInputs)
-        cfg = ctx.policy
-        drawn = batches(
-            min_batch=1,
-            max_batch=ctx.options.max_batch,
-            max_length=ctx.options.max_length,
-            dtype=ctx.tolerance.input_dtype,
-            advantage_shape=ctx.options.advantages,
-            clip=cfg.clip,
-            with_ref_logprobs=cfg.kl_in_loss,
-            with_rollout_logprobs=cfg.is_correction is not None,
-            with_rewards=False,
-            padding="nan" if ctx.options.padding_nan else "garbage",
-        )  # fmt: skip
+        drawn = _shared.drawn_batches(ctx, ctx.options.max_batch)
 
         # one pool for every check: a batch and a split of each family (see .shared)
         world = None if ctx.wrap is None else ctx.world

@@ -22,12 +22,32 @@ import torch
 from hypothesis import strategies as st
 
 from pytest_polgrad.core.kinds import SHARED_CALLS, CallStore, remember
+from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._cache import choice
 from pytest_polgrad.strategies._sample import composite
 from pytest_polgrad.strategies._splits import SPLIT_FAMILIES, Split, splits
 
 if TYPE_CHECKING:
     from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
+
+
+def drawn_batches(ctx: Any, max_batch: int) -> st.SearchStrategy[Any]:
+    """The batches a training step is drawn on: the step's options and reference decide
+    the dtype, shapes, advantages, clip and which optional logprobs are drawn."""
+    cfg = ctx.policy
+    return batches(
+        min_batch=1,
+        max_batch=max_batch,
+        max_length=ctx.options.max_length,
+        dtype=ctx.tolerance.input_dtype,
+        advantage_shape=ctx.options.advantages,
+        clip=cfg.clip,
+        with_ref_logprobs=cfg.kl_in_loss,
+        with_rollout_logprobs=cfg.is_correction is not None,
+        with_rewards=False,
+        padding="nan" if ctx.options.padding_nan else "garbage",
+    )
+
 
 __all__ = [
     "FAMILY_SHAPES",
