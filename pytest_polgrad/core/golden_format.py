@@ -484,6 +484,8 @@ def _exact_ratios(s: Entry, r: Entry) -> list[float]:
 def _float_ratios(
     s: Entry, r: Entry, scale: EntryScale | None, tolerance: Tolerance | None
 ) -> list[float]:
+    # torch (and tolerance, which imports it) only when floats are compared: the plugin
+    # loads this module at start-up, and a session without goldens must not import torch
     import torch
 
     from pytest_polgrad.core.tolerance import UNIT_ROUNDOFF, Tolerance

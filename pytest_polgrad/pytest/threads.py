@@ -58,7 +58,7 @@ def apply(setting: str, config: Any) -> None:
     wanted = share(config) if setting == "auto" else int(setting)
     if wanted is None:
         return
-    import torch
+    import torch  # here, at the first item: the plugin itself loads without torch
 
     if setting != "auto" or torch.get_num_threads() > wanted:
         torch.set_num_threads(wanted)
