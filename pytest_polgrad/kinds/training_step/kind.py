@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 
 from polgrad_reference import PolicyLossConfig, get_algorithm, policy_loss
 from pytest_polgrad.core.calls import ALIASES, _pick_loss
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.corpus import canonical_corpus, corpus_version
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
@@ -196,7 +197,8 @@ def accumulate(
                 if not loss.requires_grad:
                     raise Verdict(f"{where}: the returned loss is not differentiable in logprobs")
                 try:
-                    (g_opt,) = torch.autograd.grad(loss, lp, allow_unused=True)
+                    with charged():  # the backward through the function's loss is its own
+                        (g_opt,) = torch.autograd.grad(loss, lp, allow_unused=True)
                 except RuntimeError as exc:
                     raise Verdict(
                         f"{where}: backward through the returned loss failed: {exc}"
