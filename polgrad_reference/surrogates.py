@@ -82,8 +82,11 @@ def _dppo(
     - binary_kl, ``D = p_old log(p_old/p) + (1-p_old) log((1-p_old)/(1-p))``:
       ``A > 0``: ``D <= delta_high or p <= p_old``; ``A <= 0``: ``D <= delta_low or p >= p_old``.
 
-    ``D`` is computed exactly (``log(1 - p)`` as ``log(-expm1(log p))``); verl adds 1e-8
-    inside its logs, which moves the gate only where ``p`` is within ~1e-8 of 1.
+    ``D`` is computed exactly (``log(1 - p)`` as ``log(-expm1(log p))``), with the limit
+    ``0 log 0 = 0`` for the second term at ``p_old = 1``: there ``D = -log p``, finite for
+    ``p > 0`` (``0 * log(0/x)`` would be NaN, and NaN fails both ``<=``, masking a token
+    inside the region). verl adds 1e-8 inside its logs, which gives the same limit and moves
+    the gate only where ``p`` is within ~1e-8 of 1.
     """
     with torch.no_grad():  # the trust-region gate is a constant (verl detaches it)
         p, p_old = torch.exp(logprobs), torch.exp(old_logprobs)
@@ -95,7 +98,10 @@ def _dppo(
                 torch.log(-torch.expm1(logprobs)),
                 torch.log(-torch.expm1(old_logprobs)),
             )
-            div = p_old * (old_logprobs - logprobs) + (1.0 - p_old) * (log1m_old - log1m)
+            q_old = 1.0 - p_old
+            # 0 log 0 = 0: at p_old = 1 the second term vanishes whatever p is.
+            second = torch.where(q_old > 0, q_old * (log1m_old - log1m), 0.0)
+            div = p_old * (old_logprobs - logprobs) + second
             pos_ok = (div <= params.delta_high) | (p <= p_old)
             neg_ok = (div <= params.delta_low) | (p >= p_old)
         valid = torch.where(advantages > 0, pos_ok, neg_ok)

@@ -264,3 +264,42 @@ def test_vespo_does_not_clamp_the_log_sequence_ratio(log_w: float) -> None:
     )
     phi = math.exp(3.0 + 2.0 * log_w - 3.0 * math.exp(log_w))
     assert out[0].tolist() == pytest.approx([0.5 * phi, 0.5 * phi], rel=1e-12, abs=0.0)
+
+
+@pytest.mark.parametrize(
+    ("p", "adv", "kept"),
+    [
+        # p_old = 1: D = -log p. A < 0 moving p down keeps D <= 0.2, i.e. p >= e^-0.2 ~ 0.819
+        (0.9, -1.0, True),  # D ~ 0.105: inside the region
+        (0.5, -1.0, False),  # D ~ 0.693: outside
+        (1.0, -1.0, True),  # D = 0 (both terms 0 log 0)
+        # A > 0 at p_old = 1: p <= p_old always holds
+        (0.5, 1.0, True),
+    ],
+)
+def test_dppo_kl_at_p_old_one_takes_the_zero_log_zero_limit(
+    p: float, adv: float, kept: bool
+) -> None:
+    """DPPO binary-KL at ``p_old = 1`` (``old_logprobs == -0.0``): the second term of
+    ``D = p_old log(p_old/p) + (1-p_old) log((1-p_old)/(1-p))`` is ``0 log 0 = 0``, so
+    ``D = -log p``, as verl 0.9.1 ``dppo_kl`` computes it (its 1e-8 keeps the log finite).
+    Computed as ``0 * (-inf - log(1-p))`` it is NaN and masks a token inside the trust
+    region (issue 27)."""
+    from polgrad_reference.config import DivergenceMask
+
+    gate = DivergenceMask(delta_low=0.2, delta_high=0.2, is_cap=None)
+    old = torch.tensor([[-0.0]], dtype=F64)
+    lp = torch.tensor([[math.log(p)]], dtype=F64, requires_grad=True)
+    out = surrogate(
+        SurrogateKind.DPPO_KL,
+        ratio=torch.exp(lp - old),
+        advantages=torch.tensor([[adv]], dtype=F64),
+        logprobs=lp,
+        clip=CLIP,
+        log_ratio=(lp - old).detach(),
+        old_logprobs=old,
+        params=gate,
+    )
+    (grad,) = torch.autograd.grad(out.sum(), lp)
+    assert bool(grad[0, 0] != 0) is kept
+    assert torch.isfinite(out).all()
