@@ -141,6 +141,24 @@ DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         "verl",
         "0.9.1",
+        "core_algos.compute_policy_loss_geo_mean, data-parallel ranks",
+        "the same per-micro-batch torch.mean when the step is split over data-parallel ranks "
+        "(uneven ones included): each rank's loss is the mean over its own rows, so the "
+        "averaged gradient is not the full batch's GMPO gradient (arXiv:2507.20673 Eq. 6)",
+        _S + "verl_geo_mean_step[gmpo-data-parallel]",
+    ),
+    Deviation(
+        "verl",
+        "0.9.1",
+        "core_algos.compute_policy_loss_geo_mean, steps_per_generation",
+        "the same per-micro-batch torch.mean when a generation batch is split into several "
+        "optimizer steps: each step's summed gradient is a multiple of that step's full-batch "
+        "one, whatever global_batch_info says",
+        _S + "verl_geo_mean_step[gmpo-generation-steps]",
+    ),
+    Deviation(
+        "verl",
+        "0.9.1",
         "core_algos.compute_policy_loss_geo_mean, accumulation on a real DDP group",
         "the same per-micro-batch torch.mean on 2 gloo ranks under DistributedDataParallel: "
         "the step's gradient after DDP's average is a multiple of the full-batch one, as on "
@@ -197,6 +215,22 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "the k3 term is multiplied by the undetached policy ratio by default, which changes "
         "its gradient even on-policy; GRPO (arXiv:2402.03300 Eq. 4) adds k3 itself",
         _T + "trl_grpo_kl_bias_corrected[grpo-gradient]",
+    ),
+    Deviation(
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss (beta > 0, use_bias_correction_kl), value",
+        "the KL term is r * k3 with r = pi / pi_old; GRPO's (arXiv:2402.03300 Eq. 4) is k3, "
+        "so the loss differs wherever the ratio is not 1",
+        _T + "trl_grpo_kl_bias_corrected[grpo-value]",
+    ),
+    Deviation(
+        "trl",
+        "1.16.0",
+        "GRPOTrainer._compute_loss (beta > 0, use_bias_correction_kl), on-policy",
+        "at r = 1 the loss equals GRPO's, but d(r k3)/d log pi = k3 + d k3/d log pi: the "
+        "on-policy gradient carries beta * k3 at every token on top of GRPO's",
+        _T + "trl_grpo_kl_bias_corrected[grpo-on-policy]",
     ),
     Deviation(
         "trl",

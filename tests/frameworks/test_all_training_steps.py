@@ -77,7 +77,11 @@ def verl_seq_mean_token_mean_step(
 
 
 @pytest.mark.polgrad_conforms(
-    "dapo", kind="training_step", checks=STEP_CHECKS, expect={"generation-steps": _GENERATION}
+    "dapo",
+    kind="training_step",
+    checks=STEP_CHECKS,
+    # 2.75e5x the tolerance on the canonical corpus; pinned at about 1.5x
+    expect={"generation-steps": (_GENERATION, 4.1e5)},
 )
 def trl_dapo_step(
     logprobs: Any,
@@ -114,7 +118,13 @@ _verl_geo_mean = verl_adapter.training_step(
     "gmpo",
     kind="training_step",
     checks=STEP_CHECKS,
-    expect={"micro-batches": _GEO, "data-parallel": _GEO, "generation-steps": _GEO},
+    # sizes on the canonical corpus: 6.58e5x, 2.2e5x, 2.2e5x; pinned at about 1.5x (the
+    # training step runs no golden, so the pin is what keeps each deviation its size)
+    expect={
+        "micro-batches": (_GEO, 9.9e5),
+        "data-parallel": (_GEO, 3.3e5),
+        "generation-steps": (_GEO, 3.3e5),
+    },
 )
 def verl_geo_mean_step(
     logprobs: Any,
