@@ -264,6 +264,7 @@ class Kind:
 KINDS: Mapping[str, str] = {
     "policy_loss": "pytest_polgrad.kinds.policy_loss.kind",
     "training_step": "pytest_polgrad.kinds.training_step.kind",
+    "critic_step": "pytest_polgrad.kinds.training_step.critic",
     "advantages": "pytest_polgrad.kinds.advantages",
     "kl": "pytest_polgrad.kinds.kl",
     "aggregation": "pytest_polgrad.kinds.aggregation",

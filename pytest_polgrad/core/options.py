@@ -48,7 +48,8 @@ _MAX_ERROR = 1e6
 """Largest ``max_error`` of an ``expect=`` declaration, in tolerances."""
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 DISTRIBUTED = ("ddp", "fsdp")
-"""``distributed=`` wraps of the training-step kind's real process group (None: simulated)."""
+"""``distributed=`` wraps of the training- and critic-step kinds' real process group (None:
+simulated)."""
 WORLD_SIZES = (2, 4)
 """``world_size=`` of the real process group (one pool of rank processes per size)."""
 
@@ -111,7 +112,7 @@ class ConformanceOptions:
     names the kind of target (``pytest_polgrad.core.kinds.KINDS``); ``holes`` draws masks
     with holes inside a response (multi-turn); ``device`` runs the function on ``"cpu"``
     or ``"cuda"``/``"cuda:N"`` tensors (the oracle stays on CPU in float64);
-    ``distributed`` (``"ddp"`` / ``"fsdp"``, training-step kind only) runs the step's
+    ``distributed`` (``"ddp"`` / ``"fsdp"``, training- and critic-step kinds) runs the step's
     multi-rank splits on a real process group of ``world_size`` (2 or 4) ranks.
 
     Check names in ``expect``/``checks`` are validated here for the policy-loss kind;
@@ -162,10 +163,10 @@ class ConformanceOptions:
             raise MarkerError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if self.distributed is not None:
             _one_of("distributed", self.distributed, DISTRIBUTED)
-            if self.kind != "training_step":
+            if self.kind not in ("training_step", "critic_step"):
                 raise MarkerError(
-                    f"distributed={self.distributed!r} applies to kind='training_step' only, "
-                    f"got kind={self.kind!r}"
+                    f"distributed={self.distributed!r} applies to kind='training_step' only "
+                    f"and its critic twin kind='critic_step', got kind={self.kind!r}"
                 )
         ws = self.world_size
         if isinstance(ws, bool) or ws not in WORLD_SIZES:
