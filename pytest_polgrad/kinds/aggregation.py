@@ -50,7 +50,9 @@ from pytest_polgrad.strategies._sample import mapped
 
 __all__ = ["KIND", "MASK_NAMES", "VALUE_NAMES", "AggregationKind", "AggregationRef"]
 
-VALUE_NAMES = ("x", "loss_mat", "per_token_loss", "token_loss", "values", "losses")
+VALUE_NAMES = ("x", "loss_mat", "per_token_loss", "token_loss", "values", "losses", "loss")
+"""The per-token values' spellings: verl's ``loss_mat``, TRL's ``per_token_loss``, OpenRLHF's
+``aggregate_loss(loss, ...)``."""
 MASK_NAMES = ("response_mask", "loss_mask", "mask", "completion_mask")
 
 

@@ -142,3 +142,18 @@ def test_token_rewards_are_zero_at_padding_only_without_rewards() -> None:
             assert_conforms(fn, "reinforce_pp", kind="advantages", max_examples=2)
     assert seen["alone"] == {0.0}
     assert seen["both"] - {0.0}
+
+
+def test_an_aggregation_may_name_its_values_loss() -> None:
+    """OpenRLHF's ``aggregate_loss(loss, loss_mask, ...)`` spelling: an aggregation taking
+    its per-token values as ``loss`` is read as the kind's ``x`` (one table of value names,
+    ``kinds.aggregation.VALUE_NAMES``), so it is marked without a wrapper; a token mean so
+    spelled conforms to ``token-mean`` and not to ``seq-mean-token-mean``."""
+
+    def openrlhf_style(loss: Tensor, loss_mask: Tensor) -> Tensor:
+        m = loss_mask.to(loss.dtype)
+        return (loss * m).sum() / m.sum()
+
+    options = {"kind": "aggregation", "max_examples": 3, "checks": ("value", "gradient")}
+    assert _failed(openrlhf_style, "token-mean", **options) == []
+    assert _failed(openrlhf_style, "seq-mean-token-mean", **options) == ["gradient", "value"]
