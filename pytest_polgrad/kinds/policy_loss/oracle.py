@@ -93,6 +93,7 @@ class Oracle:
         kink_eps: float,
         grad: bool = True,
         native_kinks: bool = False,
+        native: bool = True,
     ) -> OracleResult:
         """Evaluate on ``batch`` (canonical ``[B, T]`` right-padded tensors, any float dtype);
         ``kink_eps`` is the relative rounding error (per unit of condition number) that
@@ -100,7 +101,11 @@ class Oracle:
         ``native_kinks`` (inputs exact in the function's precision) and ``kink_eps * (1 +
         |logprobs| + |old_logprobs|)`` otherwise (:attr:`Tolerance.kink_band` gives both).
         With ``grad=False`` the backward pass is skipped and the gradient fields
-        (``grad``, ``grad_scale``, ``ambiguous``) are zeros."""
+        (``grad``, ``grad_scale``, ``ambiguous``) are zeros. With ``native=False`` the
+        native-precision fields (``value_scale_native``, ``grad_scale_native``,
+        ``cond_native``) are left at their defaults (0.0, None, None): a caller that
+        judges with the conservative scales only (the training step) skips their work;
+        every other field is bitwise as with ``native=True``."""
         x = self._inputs(batch)
         lp = x["logprobs"].clone().requires_grad_(grad)
         out = policy_loss(self.config, **{**x, "logprobs": lp})
@@ -110,9 +115,9 @@ class Oracle:
         lp0 = torch.where(mask, x["logprobs"], 0.0)
         old0 = torch.where(mask, x["old_logprobs"], 0.0)
         token_cond = 1.0 + lp0.abs() + old0.abs()
-        token_native = 1.0 + (lp0 - old0).abs()
+        token_native = 1.0 + (lp0 - old0).abs() if native or native_kinks else token_cond
         cond = token_cond.amax(dim=1, keepdim=True)
-        native = token_native.amax(dim=1, keepdim=True)
+        row_native = token_native.amax(dim=1, keepdim=True) if native else None
         ratio = out.ratio.detach()
 
         def scale_of(c: torch.Tensor, kl_c: torch.Tensor | None) -> float:
@@ -122,7 +127,8 @@ class Oracle:
         if out.kl is not None:
             ref0 = torch.where(mask, x["ref_logprobs"], 0.0)
             kl_cond = 1.0 + ref0.abs() + lp0.abs()
-            kl_native = 1.0 + (ref0 - lp0).abs().amax(dim=1, keepdim=True)
+            if native:
+                kl_native = 1.0 + (ref0 - lp0).abs().amax(dim=1, keepdim=True)
         grad_native: torch.Tensor | None = None
         if grad:
             g_abs = g.abs()
@@ -130,11 +136,14 @@ class Oracle:
             coupling = self._row_coupling(x, mask, adv) * self._curvature(ratio, adv)
             gate = self._gate_rounding(out, ratio, adv)
             grad_scale = base * cond * coupling + gate
-            grad_native = base * native * coupling + gate
+            if row_native is not None:
+                grad_native = base * row_native * coupling + gate
             if out.kl is not None:
-                assert kl_cond is not None and kl_native is not None
+                assert kl_cond is not None
                 grad_scale = grad_scale + self._kl_grad_scale(out, x, kl_cond)
-                grad_native = grad_native + self._kl_grad_scale(out, x, kl_native)
+                if grad_native is not None:
+                    assert kl_native is not None
+                    grad_native = grad_native + self._kl_grad_scale(out, x, kl_native)
             band = kink_eps * (token_native if native_kinks else token_cond)
             ambiguous = self._kinks(ratio, mask, band) | self._gate_kinks(x, mask, band)
         else:  # a value-only comparison needs neither
@@ -146,10 +155,10 @@ class Oracle:
             grad_scale=grad_scale,
             ambiguous=ambiguous,
             n_tokens=int(mask.sum()),
-            value_scale_native=scale_of(native, kl_native),
+            value_scale_native=0.0 if row_native is None else scale_of(row_native, kl_native),
             grad_scale_native=grad_native,
             cond=cond,
-            cond_native=native,
+            cond_native=row_native,
             clear=x["response_mask"] & ~ambiguous,
             kinked=bool(ambiguous.any()),
             undecided=self._is_undecided(x, x["response_mask"], kink_eps, native_kinks)
