@@ -157,3 +157,35 @@ def test_an_aggregation_may_name_its_values_loss() -> None:
     options = {"kind": "aggregation", "max_examples": 3, "checks": ("value", "gradient")}
     assert _failed(openrlhf_style, "token-mean", **options) == []
     assert _failed(openrlhf_style, "seq-mean-token-mean", **options) == ["gradient", "value"]
+
+
+def test_grpo_on_a_loss_without_ref_logprobs_is_compared_without_its_kl_term() -> None:
+    """``"grpo"`` has a k3 KL term in the loss (coef 0.04). A function without a
+    ``ref_logprobs`` parameter is compared with that term left out, and the report says
+    so; give the function a ``ref_logprobs`` parameter and the term is included: the same
+    policy-only loss then fails ``value``. ``kl=None`` leaves it out explicitly, with no
+    note (a ``ref_logprobs`` parameter then needs a default: no batch carries it)."""
+    policy_term = get_algorithm("grpo").derive(kl=None).loss
+    without = reference_loss(policy_term, "grpo_policy_term")
+
+    def with_ref(
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        ref_logprobs: Tensor | None = None,
+    ) -> Tensor:
+        return without(
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=advantages,
+            response_mask=response_mask,
+        )
+
+    checks = ("value", "gradient")
+    report = assert_conforms(without, "grpo", max_examples=3, checks=checks)
+    notes = {n for r in report.results for n in r.notes}
+    assert any("without the reference's as-loss KL term" in n for n in notes), notes
+    assert "value" in _failed(with_ref, "grpo", max_examples=3, checks=checks)
+    explicit = assert_conforms(with_ref, "grpo", kl=None, max_examples=3, checks=checks)
+    assert not any("KL term" in n for r in explicit.results for n in r.notes)
