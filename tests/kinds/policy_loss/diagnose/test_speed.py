@@ -5,6 +5,7 @@ by every diagnosis in the process. Counts of reference evaluations, never wall t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Iterator
@@ -83,20 +84,66 @@ class _Case:
     text: str
     lazy_calls: int
     """Reference gradient evaluations of the diagnosis (explain), from an empty cache."""
+    again: str
+    again_computed: int
+    """A second diagnosis of another function object with the same semantics: its text and
+    the reference evaluations it made (none: it reuses the first one's)."""
     ranking: list[Match]
     all_calls: int
     """The same after settling the whole ranking (``diagnose(top=0)``)."""
+    looked_up: set[tuple[Any, ...]]
+    """The reference results the cold bfloat16 diagnosis asked the cache for."""
+    float64_cold: str
+    float64_after: str
+    float64_looked_up: set[tuple[Any, ...]]
+    """A float64 diagnosis from an empty cache, the same once the cache holds the
+    bfloat16 diagnosis's references, and what that second one asked the cache for."""
+    top3_after: list[Match]
+    """The bfloat16 head of the ranking again, with the float64 references in the cache."""
+
+
+@contextlib.contextmanager
+def _lookups() -> Iterator[set[tuple[Any, ...]]]:
+    """The keys every diagnosis inside the block asks the shared reference cache for."""
+    keys: set[tuple[Any, ...]] = set()
+    get = _REFERENCES.get
+
+    def recording(key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        keys.add(key)
+        return get(key, compute)
+
+    _REFERENCES.get = recording  # type: ignore[method-assign]
+    try:
+        yield keys
+    finally:
+        del _REFERENCES.get
 
 
 @pytest.fixture(scope="module")
 def bf16_case() -> Iterator[_Case]:
-    """GRPO dividing each row by its length + 1, diagnosed from bfloat16 inputs, cold."""
+    """GRPO dividing each row by its length + 1, diagnosed from bfloat16 inputs, cold; then
+    diagnosed again (another function object), its whole ranking settled, and a float64
+    diagnosis beside it. One cold bfloat16 diagnosis serves every test of this file: it is
+    the expensive one (about 5 000 reference evaluations)."""
+    _REFERENCES.clear()
+    float64_cold = _explain(_grpo(1.0), "float64")
     _REFERENCES.clear()
     ctx = _ctx(_grpo(1.0))
-    found = explain(ctx.fut, ctx.config, ctx.tolerance, reference="grpo", reference_id="grpo")
+    with _lookups() as looked_up:
+        found = explain(ctx.fut, ctx.config, ctx.tolerance, reference="grpo", reference_id="grpo")
     lazy = _REFERENCES.computed["call"]
+    computed = sum(_REFERENCES.computed.values())
+    again = _explain(_grpo(1.0), "bfloat16")
+    again_computed = sum(_REFERENCES.computed.values()) - computed
     ranking = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=0)
-    yield _Case(ctx, found.text, lazy, ranking, _REFERENCES.computed["call"])
+    all_calls = _REFERENCES.computed["call"]
+    with _lookups() as float64_looked_up:
+        float64_after = _explain(_grpo(1.0), "float64")
+    top3_after = diagnose(ctx.fut, ctx.config, ctx.tolerance, top=3)
+    yield _Case(
+        ctx, found.text, lazy, again, again_computed, ranking, all_calls, looked_up,
+        float64_cold, float64_after, float64_looked_up, top3_after,
+    )  # fmt: skip
     _REFERENCES.clear()
 
 
@@ -136,7 +183,15 @@ def test_every_reported_gradient_error_is_scored_on_every_batch(bf16_case: _Case
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
-def test_a_second_diagnosis_reuses_the_references_and_says_the_same(cold: None, dtype: str) -> None:
+def test_a_second_diagnosis_reuses_the_references_and_says_the_same(
+    dtype: str, request: pytest.FixtureRequest
+) -> None:
+    if dtype == "bfloat16":  # the module's one cold bfloat16 diagnosis, then a second one
+        case: _Case = request.getfixturevalue("bf16_case")
+        assert case.again == case.text
+        assert case.again_computed == 0  # nothing evaluated again
+        return
+    request.getfixturevalue("cold")
     first = _explain(_grpo(1.0), dtype)
     computed = sum(_REFERENCES.computed.values())
     again = _explain(_grpo(1.0), dtype)  # another function object, the same semantics
@@ -161,13 +216,13 @@ def test_the_candidate_space_is_built_once_for_the_same_target_and_inputs(cold: 
 
 
 def test_references_are_not_shared_across_input_dtypes(bf16_case: _Case) -> None:
-    # the corpus in bfloat16 is another set of tensors: a float64 diagnosis first must not
-    # change the bfloat16 one
-    _REFERENCES.clear()
-    _explain(_grpo(1.0), "float64")
-    assert _explain(_grpo(1.0), "bfloat16") == bf16_case.text
-    ctx = bf16_case.ctx
-    assert diagnose(ctx.fut, ctx.config, ctx.tolerance, top=3) == bf16_case.ranking[:3]
+    # the corpus in bfloat16 is another set of tensors: a float64 diagnosis made while the
+    # cache holds the bfloat16 references asks for none of them, says what it says from an
+    # empty cache, and leaves the bfloat16 ranking as it was
+    assert bf16_case.looked_up and bf16_case.float64_looked_up
+    assert not bf16_case.looked_up & bf16_case.float64_looked_up
+    assert bf16_case.float64_after == bf16_case.float64_cold
+    assert bf16_case.top3_after == bf16_case.ranking[:3]
 
 
 def test_the_cache_is_bounded_and_remembers_errors() -> None:
