@@ -407,6 +407,12 @@ CLAIMS: tuple[Claim, ...] = (
         "tests/kinds/training_step/test_critic.py::test_the_per_micro_batch_value_loss_is_k_fold_and_named",
     ),
     Claim(
+        "a critic step marked kind='critic_step' conforms when correct and verl PR #6957's "
+        "is flagged under its split and named",
+        "conformance.md",
+        "tests/kinds/training_step/test_critic_kind.py::test_verl_6957_per_micro_batch_value_loss_is_flagged_and_named",
+    ),
+    Claim(
         "expect= never excuses a raised exception, a non-finite result or a larger "
         "deviation than declared",
         "conformance.md",
