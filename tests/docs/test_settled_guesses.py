@@ -11,6 +11,7 @@ import torch
 
 from polgrad_reference import get_algorithm
 from pytest_polgrad import ConformanceError, assert_conforms
+from pytest_polgrad.core.options import MarkerError
 from tests.helpers.sample_losses import reference_loss
 
 Tensor = torch.Tensor
@@ -189,3 +190,19 @@ def test_grpo_on_a_loss_without_ref_logprobs_is_compared_without_its_kl_term() -
     assert "value" in _failed(with_ref, "grpo", max_examples=3, checks=checks)
     explicit = assert_conforms(with_ref, "grpo", kl=None, max_examples=3, checks=checks)
     assert not any("KL term" in n for r in explicit.results for n in r.notes)
+
+
+def test_an_algorithm_option_without_a_marker_keyword_is_a_derived_config() -> None:
+    """frameworks.md's ``dppo_tv(is_cap=3)`` is written
+    ``polgrad_conforms(get_algorithm("dppo_tv").derive(is_cap=3.0).loss, id="dppo_tv")``:
+    DPPO's IS cap has no marker keyword (``is_cap=3.0`` on the marker, or in
+    ``overrides=``, is a ``MarkerError`` naming it). The reference's own DPPO-TV at cap 3
+    conforms to the derived config and not to the registry's cap of 20."""
+    derived = get_algorithm("dppo_tv").derive(is_cap=3.0).loss
+    fn = reference_loss(derived, "dppo_tv_cap_3")
+    checks = ("value", "gradient")
+    assert _failed(fn, derived, id="dppo_tv", max_examples=3, checks=checks) == []
+    assert _failed(fn, "dppo_tv", max_examples=3, checks=checks) == ["gradient", "value"]
+    for spelled in ({"is_cap": 3.0}, {"overrides": {"is_cap": 3.0}}):
+        with pytest.raises(MarkerError, match="is_cap"):
+            assert_conforms(fn, "dppo_tv", max_examples=1, **spelled)
