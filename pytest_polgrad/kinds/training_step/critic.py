@@ -29,6 +29,7 @@ is the same comparison for one step and split, from plain Python. The reference 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -57,12 +58,14 @@ from pytest_polgrad.kinds._tokens import (
     tolerance_for,
     worst_entries,
 )
+from pytest_polgrad.kinds.training_step import shared as _shared
 from pytest_polgrad.kinds.training_step.distributed import DistributedError, run_step
 from pytest_polgrad.kinds.training_step.execute import fold, on_process_group
 from pytest_polgrad.kinds.training_step.kind import StepInputs
 from pytest_polgrad.kinds.training_step.shared import FAMILY_SHAPES
 from pytest_polgrad.kinds.training_step.terms import factor_meaning
 from pytest_polgrad.strategies import value_batches
+from pytest_polgrad.strategies._cache import choice
 from pytest_polgrad.strategies._sample import composite
 from pytest_polgrad.strategies._splits import Split, StepInfo, splits
 
@@ -329,6 +332,11 @@ class CriticContext(TokenContext):
     wrap: str | None = None
     world: int = 2
 
+    @functools.cached_property
+    def options_key(self) -> str:
+        """``repr(options)``, once: the key of this function's shared runs."""
+        return repr(self.options)
+
     @property
     def reference(self) -> CriticReference:
         assert isinstance(self.config, CriticReference)
@@ -367,11 +375,17 @@ def _run(ctx: CriticContext, inputs: Mapping[str, Any], *, snapshot: bool = Fals
                       loss=ctx.options.loss, snapshot=snapshot)  # fmt: skip
 
 
+def _shared_run(ctx: CriticContext, inputs: Mapping[str, Any]) -> Critic:
+    """:func:`_run`, once per (function, step, split) while the engine screens (the split
+    checks, masked-positions and deterministic's first run share it)."""
+    return _shared.reuse(ctx, inputs, lambda: _run(ctx, inputs))
+
+
 def check_split(ctx: CriticContext, inputs: Mapping[str, Any]) -> float:
     """The accumulated gradient (per token) and loss equal the whole step's reference; a
     mis-scaled step is named with its factor and cause."""
     split: Split = inputs["split"]
-    got = _run(ctx, inputs)
+    got = _shared_run(ctx, inputs)
     loss, grad = _reference(ctx, inputs)
     loss_scale, grad_scale = _scales(ctx, inputs, grad)
     mask = inputs["response_mask"]
@@ -405,7 +419,7 @@ def _family(family: str) -> Callable[[CriticContext, Mapping[str, Any]], float]:
 
 
 def check_masked_positions(ctx: CriticContext, inputs: Mapping[str, Any]) -> float:
-    got = _run(ctx, inputs)
+    got = _shared_run(ctx, inputs)
     bad = ~inputs["response_mask"] & (got.grad != 0)
     if bool(bad.any()):
         pos = [tuple(p) for p in bad.nonzero()[:4].tolist()]
@@ -426,7 +440,7 @@ def check_inputs_unchanged(ctx: CriticContext, inputs: Mapping[str, Any]) -> flo
 
 
 def check_deterministic(ctx: CriticContext, inputs: Mapping[str, Any]) -> float:
-    a, b = _run(ctx, inputs), _run(ctx, inputs)
+    a, b = _shared_run(ctx, inputs), _run(ctx, inputs)
     same = a.loss == b.loss or (math.isnan(a.loss) and math.isnan(b.loss))
     if not same or not bool(bitwise_equal(a.grad, b.grad).all()):
         raise CheckFailure(
@@ -540,9 +554,11 @@ class CriticStepKind(Kind):
         def _steps(draw: st.DrawFn) -> StepInputs:
             batch = draw(drawn).as_kwargs()
             lengths = batch["response_mask"].sum(dim=1).tolist()
-            fam = family
+            fam = family  # the non-semantic checks: micro-batches or ranks, drawn
+            if fam is None and len(lengths) >= 2:
+                fam = draw(choice(("micro-batches", "data-parallel")))
             if fam is None or len(lengths) < _NEED[fam]:
-                fam = "full-batch" if len(lengths) < 2 else (family or "data-parallel")
+                fam = "full-batch"  # too few rows: the family's check skips the step
             ranks, micro = FAMILY_SHAPES[fam]
             if world is not None and ranks > 1:
                 ranks = world
@@ -559,10 +575,16 @@ class CriticStepKind(Kind):
     def corpus(self, ctx: Any) -> dict[str, StepInputs]:
         fill = math.nan if ctx.options.padding_nan else 77.0
         dtype = ctx.tolerance.input_dtype
-        return {
-            name: StepInputs(critic_batch(lengths, dtype=dtype, padding=fill), split, label=name)
-            for name, (lengths, split) in _corpus_splits().items()
-        }
+
+        def build() -> dict[str, StepInputs]:
+            return {
+                name: StepInputs(
+                    critic_batch(lengths, dtype=dtype, padding=fill), split, label=name
+                )
+                for name, (lengths, split) in _corpus_splits().items()
+            }
+
+        return dict(_shared.cached_corpus(("critic", dtype, ctx.options.padding_nan), build))
 
     def diagnose(self, ctx: Any, inputs: Any) -> Diagnosis:
         return diagnose_critic(ctx, inputs, self.corpus(ctx))
