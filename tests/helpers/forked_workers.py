@@ -9,8 +9,9 @@ worker through a small launcher (``python -S -E`` running this file) instead:
    and arguments to a *zygote*: an interpreter of the same venv that has imported torch
    and nothing pytest would rewrite (no plugin, not Hypothesis, not the kit);
 2. the zygote forks a keeper, which forks the worker: it takes the launcher's streams,
-   environment, directory and ``sys.path`` (``''``, ``PYTHONPATH``, the venv's), and
-   runs the same bootstrap a fresh interpreter would, as a fresh ``__main__``;
+   environment, directory and ``sys.path`` (``''``, ``PYTHONPATH``, the venv's), its
+   bytecode settings (``PYTHONDONTWRITEBYTECODE``, ``PYTHONPYCACHEPREFIX``), and runs
+   the same bootstrap a fresh interpreter would, as a fresh ``__main__``;
 3. the keeper reports the worker's pid, then its exit status, which the launcher exits
    with (a signal ends the launcher the same way); SIGINT, SIGTERM and SIGHUP sent to
    the launcher reach the worker, and a launcher killed outright takes its worker along.
@@ -49,7 +50,7 @@ from typing import Any
 
 __all__ = ["forking", "zygote_pids"]
 
-_KEPT = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+_KEPT = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "PYTHONUNBUFFERED")
 """``PYTHON*`` variables a fork honours (the rest must match the zygote's start)."""
 
 _STARTUP = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "CUDA_", "LC_", "LANG", "TZ")
@@ -326,6 +327,7 @@ def _become_worker(
     sys.dont_write_bytecode = "-B" in request["args"] or bool(
         os.environ.get("PYTHONDONTWRITEBYTECODE")
     )
+    sys.pycache_prefix = os.environ.get("PYTHONPYCACHEPREFIX") or None
     sys.argv = ["-c"]
     if "multiprocessing" in sys.modules:  # its own key, as a fresh process draws one
         sys.modules["multiprocessing"].current_process().authkey = os.urandom(32)

@@ -22,6 +22,13 @@ the process could break:
 - ``-n`` workers: started by :mod:`tests.helpers.forked_workers` (forked from a process that has
   imported torch, about 1.2 s of CPU less per worker; what a fork cannot honour gets a
   fresh interpreter);
+- bytecode: under ``PYTHONDONTWRITEBYTECODE`` (set in some CI images and shells) every
+  worker would assertion-rewrite, uncached, each module of the pytest plugins it imports
+  (Hypothesis's ~100, the kit's, syrupy's: ~2.5 s of an inner ``-n 2`` session's ~3 s on a
+  loaded 2-core machine); the inner run's workers instead cache their bytecode under
+  :data:`PYCACHE`, a directory of this test process (``PYTHONPYCACHEPREFIX``, removed at
+  exit), so only the first workers rewrite; nothing is written into the venv or the
+  checkout, and ``env=`` still sets either variable for a test that means to;
 - ``sys.modules``: pytester drops every module the run imported first, at the end of the
   run and again at the end of the test; a library module dropped that way is imported a
   second time later (two ``_POOLS``, two exception classes, torch registering its ops
@@ -36,9 +43,13 @@ process, a real process's exit status) keeps ``runpytest_subprocess``.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import os
 import pkgutil
+import shutil
 import sys
+import tempfile
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,7 +63,7 @@ from pytest_polgrad.core import golden_format as snapshot
 from pytest_polgrad.kinds.policy_loss import report
 from tests.helpers import forked_workers
 
-__all__ = ["PRELOAD", "STATE", "XDIST_ENV", "run"]
+__all__ = ["PRELOAD", "PYCACHE", "STATE", "XDIST_ENV", "run"]
 
 _KIT = ("pytest_polgrad", "polgrad_reference", "strategies")
 _NOT_KIT = ("pytest_polgrad.frameworks", "pytest_polgrad.__main__")  # a framework; the CLI
@@ -104,6 +115,11 @@ def _preload() -> tuple[str, ...]:
 PRELOAD = _preload()
 """Imported with this module, at collection, before any ``Pytester`` snapshots
 ``sys.modules``: the kit's modules and the libraries a session imports lazily."""
+
+PYCACHE = tempfile.mkdtemp(prefix="polgrad-pycache-")
+"""Where the inner runs' workers cache bytecode when ``PYTHONDONTWRITEBYTECODE`` is set
+(module docstring); removed when this process exits."""
+atexit.register(shutil.rmtree, PYCACHE, ignore_errors=True)
 
 XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
 """Set in an outer xdist worker (or by the user); an inner run must not see them."""
@@ -226,6 +242,9 @@ def run(
         with pytest.MonkeyPatch.context() as mp:
             for name in XDIST_ENV:
                 mp.delenv(name, raising=False)
+            if os.environ.get("PYTHONDONTWRITEBYTECODE"):  # the workers' bytecode: cached
+                mp.delenv("PYTHONDONTWRITEBYTECODE")
+                mp.setenv("PYTHONPYCACHEPREFIX", PYCACHE)
             for name, value in (env or {}).items():
                 mp.setenv(name, value)
             for module, name, _ in saved:

@@ -46,7 +46,7 @@ def _facts(**kw: Any) -> dict[str, Any]:
     """What the launched process reports about itself, and its launcher's pid."""
     report = (
         "import json, os, sys; print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), "
-        "'path': sys.path[:2], "
+        "'path': sys.path[:2], 'prefix': sys.pycache_prefix, "
         "'var': os.environ.get('POLGRAD_PROBE'), 'torch': 'torch' in sys.modules, "
         "'line': sys.stdin.readline(), 'main': sorted(vars(sys.modules['__main__']))}))"
     )
@@ -59,12 +59,14 @@ def _facts(**kw: Any) -> dict[str, Any]:
 def test_a_fork_gets_the_launchers_streams_environment_directory_and_path(
     tmp_path: Path,
 ) -> None:
-    facts = _facts(env={"POLGRAD_PROBE": "seen", "PYTHONPATH": "/nowhere"}, cwd=tmp_path)
+    env = {"POLGRAD_PROBE": "seen", "PYTHONPATH": "/nowhere", "PYTHONPYCACHEPREFIX": "/pyc"}
+    facts = _facts(env=env, cwd=tmp_path)
     assert facts["pid"] != facts["launcher"]  # forked, not exec'd
     assert facts["torch"]  # the point: imported before the fork
     assert facts["var"] == "seen"
     assert facts["cwd"] == str(tmp_path)
     assert facts["path"] == ["", "/nowhere"]  # as `python -c` with PYTHONPATH has it
+    assert facts["prefix"] == "/pyc"  # as PYTHONPYCACHEPREFIX sets it
     assert facts["line"] == "a line for stdin\n"
     assert "_serve" not in facts["main"]  # a fresh __main__, not the zygote's
 

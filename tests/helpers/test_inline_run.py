@@ -57,6 +57,23 @@ def test_env_is_what_the_inner_run_sees_and_only_there(
     assert os.environ["PYTEST_XDIST_WORKER_COUNT"] == "8"
 
 
+def test_under_no_bytecode_the_inner_run_caches_it_in_the_suites_directory(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PYTHONDONTWRITEBYTECODE`` would make every inner worker rewrite the plugins'
+    modules again (uncached); the inner run caches under :data:`inline_run.PYCACHE`
+    instead, and the outer variables are back afterwards."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+    _inner(
+        pytester,
+        "    assert 'PYTHONDONTWRITEBYTECODE' not in os.environ\n"
+        f"    assert os.environ['PYTHONPYCACHEPREFIX'] == {inline_run.PYCACHE!r}\n",
+    )
+    assert os.environ["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert "PYTHONPYCACHEPREFIX" not in os.environ
+
+
 def test_a_ctrl_c_ends_the_inner_session_only(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_inner="def test_stop():\n    raise KeyboardInterrupt\n")
     try:
