@@ -206,3 +206,45 @@ def test_an_algorithm_option_without_a_marker_keyword_is_a_derived_config() -> N
     for spelled in ({"is_cap": 3.0}, {"overrides": {"is_cap": 3.0}}):
         with pytest.raises(MarkerError, match="is_cap"):
             assert_conforms(fn, "dppo_tv", max_examples=1, **spelled)
+
+
+def _ppo_clip(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor) -> Tensor:
+    """PPO's per-token clipped surrogate (eps 0.2 / 0.2), ``[b, T]``."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    adv = advantages[:, None]
+    return torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+
+
+def test_dr_grpo_at_the_padded_width_is_checked_times_the_width() -> None:
+    """verl's default ``seq-mean-token-sum-norm`` divides by ``B * T`` with ``T`` the
+    padded width, a budget no fixed ``budget=`` equals. Multiplying the loss by ``T`` in
+    the marked function leaves ``sum x / B``, Dr.GRPO at ``budget=1``: every check holds,
+    ``padding-columns`` included, and a loss dividing by the longest row instead of ``T``
+    fails ``value``."""
+
+    def verl_default(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        per_token = _ppo_clip(logprobs, old_logprobs, advantages) * response_mask
+        return per_token.sum() / (per_token.shape[0] * per_token.shape[1])
+
+    def longest_row(
+        logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+    ) -> Tensor:
+        per_token = _ppo_clip(logprobs, old_logprobs, advantages) * response_mask
+        return per_token.sum() / (per_token.shape[0] * response_mask.sum(-1).max())
+
+    def times_width(fn: Any) -> Any:
+        def marked(
+            logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, response_mask: Tensor
+        ) -> Tensor:
+            out: Tensor = fn(logprobs, old_logprobs, advantages, response_mask)
+            return out * response_mask.shape[-1]
+
+        return marked
+
+    checks = ("value", "gradient", "masked-positions", "padding-columns")
+    options = {"budget": 1, "max_examples": 3, "checks": checks}
+    assert _failed(times_width(verl_default), "dr_grpo", **options) == []
+    assert "value" in _failed(times_width(longest_row), "dr_grpo", **options)
+    assert "padding-columns" in _failed(verl_default, "dr_grpo", **options)
