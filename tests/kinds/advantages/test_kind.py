@@ -333,7 +333,9 @@ def test_correct_estimators_pass_every_check(
 def test_wrong_estimators_are_flagged_with_a_diagnosis(
     fn: Callable[..., Any], reference: str, options: dict[str, Any], check: str, words: str
 ) -> None:
-    failed = _failed(_run(fn, reference, **options))
+    # one verdict: the named check alone (its pool, corpus, shrink and diagnosis are the
+    # same as in a run of every check; the other checks' verdicts are not looked at)
+    failed = _failed(_run(fn, reference, checks=[check], **options))
     assert check in failed, sorted(failed)
     assert words in failed[check].diagnosis, failed[check].diagnosis
 
@@ -356,13 +358,13 @@ def test_wrong_estimators_are_flagged_with_a_diagnosis(
 def test_structural_bugs_fail_the_check_that_names_them(
     fn: Callable[..., Any], reference: str, check: str, words: str
 ) -> None:
-    failed = _failed(_run(fn, reference))
+    failed = _failed(_run(fn, reference, checks=[check]))  # one verdict, as above
     assert check in failed, sorted(failed)
     assert words in failed[check].message
 
 
 def test_the_report_carries_a_standalone_snippet() -> None:
-    failed = _failed(_run(grpo_population_std, "grpo"))
+    failed = _failed(_run(grpo_population_std, "grpo", checks=["value"]))
     report = failed["value"].report
     assert "rewards = torch.tensor(" in report and "group_ids = torch.tensor(" in report
     code = report.split("reproduce (standalone):", 1)[1].split("\n  replay", 1)[0]
