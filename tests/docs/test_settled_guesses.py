@@ -3,7 +3,11 @@ docs/conformance.md with the test below that shows the answer holds."""
 
 from __future__ import annotations
 
+import ast
+import builtins
 import inspect
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -248,3 +252,67 @@ def test_dr_grpo_at_the_padded_width_is_checked_times_the_width() -> None:
     assert _failed(times_width(verl_default), "dr_grpo", **options) == []
     assert "value" in _failed(times_width(longest_row), "dr_grpo", **options)
     assert "padding-columns" in _failed(verl_default, "dr_grpo", **options)
+
+
+_MASK_KINDS = [
+    ("policy_loss", "grpo", ("logprobs", "old_logprobs", "advantages")),
+    ("training_step", "dapo", ("logprobs", "old_logprobs", "advantages", "global_tokens")),
+    ("aggregation", "token-mean", ("loss_mat",)),
+    ("kl", "k3", ("logprobs", "ref_logprobs")),
+    ("advantages", "grpo", ("rewards", "group_ids")),
+    ("value_loss", "ppo", ("values", "old_values", "returns")),
+    ("entropy", "entropy", ("logits",)),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "reference", "inputs"), _MASK_KINDS, ids=[k for k, *_ in _MASK_KINDS]
+)
+def test_every_kind_passes_the_mask_as_bool(
+    kind: str, reference: str, inputs: tuple[str, ...]
+) -> None:
+    """docs/conformance.md: ``response_mask`` is a ``torch.bool`` tensor for every kind, so
+    a framework function doing arithmetic on it (verl's ``1 - mask``) is given
+    ``response_mask.long()`` by the marked function."""
+    seen: set[torch.dtype] = set()
+
+    def record(**kw: Tensor) -> Tensor:
+        seen.add(kw["response_mask"].dtype)
+        raise RuntimeError("recorded")
+
+    params = [
+        inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in (*inputs, "response_mask")
+    ]
+    record.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    with pytest.raises(ConformanceError):
+        assert_conforms(record, reference, kind=kind, max_examples=1)
+    assert seen == {torch.bool}
+
+
+CONFORMANCE = Path(__file__).parents[2] / "docs" / "conformance.md"
+_BLOCKS = re.findall(r"```python\n(.*?)```", CONFORMANCE.read_text(), flags=re.S)
+
+
+def _free_names(code: str) -> set[str]:
+    """Names a block reads that it neither imports, defines, assigns nor takes as a
+    parameter (builtins aside)."""
+    tree = ast.parse(code)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read - bound
+
+
+@pytest.mark.parametrize("code", _BLOCKS, ids=[f"block{i}" for i in range(len(_BLOCKS))])
+def test_every_conformance_example_is_self_contained(code: str) -> None:
+    """Each Python example of docs/conformance.md parses on its own and imports or
+    defines every name it uses (``pytest``, the framework function it marks, ...)."""
+    assert _free_names(code) == set(), code
