@@ -1,6 +1,6 @@
 """The golden-snapshot workflow end to end, in pytest sessions run inside this process
 (``tests/helpers/inline_run.py``; ``-n 2`` has real worker processes), serially and with
-``-n 2``: golden items (120 under ``-n 2``, 90 serially) and user snapshots are recorded,
+``-n 2``: golden items (48 under ``-n 2``, 36 serially) and user snapshots are recorded,
 float noise passes, semantic changes, new, removed, corrupted and raising functions fail
 clearly, ``--snapshot-update`` accepts exactly what changed (and deletes what is unused),
 and nothing unrelated is touched.
@@ -19,11 +19,16 @@ from pytest_polgrad.core.corpus import CORPUS_VERSION, canonical_corpus
 from pytest_polgrad.core.golden_format import parse
 from tests.helpers import inline_run
 
-SEMANTIC = range(40, 60)  # clip eps_high 0.28 -> 0.2 in step 2
-NOISY = range(0, 60)  # relative noise 3e-11 (changes the written text, within tolerance)
-REMOVED = range(60, 70)
-CORRUPT = 70
-RAISING = 71
+# Each kind of item a few times (each golden item costs ~50 ms of the kit's own work per
+# session, four sessions per mode): enough that under -n 2 both workers record, compare and
+# update items of every kind.
+SEMANTIC = range(16, 24)  # clip eps_high 0.28 -> 0.2 in step 2
+NOISY = range(0, 24)  # relative noise 3e-11 (changes the written text, within tolerance)
+REMOVED = range(24, 28)
+CORRUPT = 28
+RAISING = 29
+ADDED = 4  # the last ADDED of the n golden items appear in step 2
+SHOWN = SEMANTIC[-3]  # the semantic change whose report is read in full
 
 CONFTEST = """
 import pytest
@@ -108,7 +113,7 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 
 def set_state(pytester: pytest.Pytester, *, step: int, n: int) -> None:
     changed = step >= 2
-    added = range(n - 10, n)
+    added = range(n - ADDED, n)
     present = [i for i in range(n) if (i not in REMOVED if changed else i not in added)]
     state = {
         "present": present,
@@ -149,11 +154,11 @@ def summary(result: pytest.RunResult) -> str:
     return lines[start + 1]
 
 
-@pytest.mark.parametrize(("workers", "n"), [([], 90), (["-n", "2"], 120)], ids=["serial", "xdist"])
+@pytest.mark.parametrize(("workers", "n"), [([], 36), (["-n", "2"], 48)], ids=["serial", "xdist"])
 def test_golden_lifecycle(project: pytest.Pytester, workers: list[str], n: int) -> None:
-    """``n`` golden items (the last ten added in step 2) and four other tests."""
+    """``n`` golden items (the last :data:`ADDED` added in step 2) and four other tests."""
     root = project.path
-    added = range(n - 10, n)
+    added = range(n - ADDED, n)
     # 1. First run with --snapshot-update records every golden and user snapshot.
     set_state(project, step=1, n=n)
     result = run(project, workers, "--snapshot-update")
@@ -189,20 +194,21 @@ def test_golden_lifecycle(project: pytest.Pytester, workers: list[str], n: int) 
     assert (outcomes["failed"], outcomes["passed"]) == (failing, n - len(REMOVED) + 4 - failing)
     assert summary(result).endswith(f"{len(REMOVED)} snapshots unused.")
     out = result.stdout.str()
-    assert re.search(r"loss_045 \(reference dapo\) does not match", out)
+    assert re.search(rf"loss_{SHOWN:03d} \(reference dapo\) does not match", out)
     # the short summary names the failure, not a module path cut at the terminal's width
-    assert re.search(r"FAILED \S*loss_045\[dapo-golden\] - GoldenMismatch: golden", out), out
+    failed = rf"FAILED \S*loss_{SHOWN:03d}\[dapo-golden\] - GoldenMismatch: golden"
+    assert re.search(failed, out), out
     assert re.search(r"  clip-boundaries/grad\[0,2\]: stored -0\.\d+, received 0 \(", out)
-    assert f"{root / golden(45)} (- stored, + received):" in out
-    assert f"no golden snapshot of loss_{n - 5:03d} (reference dapo) is recorded yet" in out
+    assert f"{root / golden(SHOWN)} (- stored, + received):" in out
+    assert f"no golden snapshot of loss_{n - 2:03d} (reference dapo) is recorded yet" in out
     assert re.search(
         re.escape(f"corrupted or hand-edited snapshot: {root / golden(CORRUPT)}, line 18, ")
         + r"entry 'ragged/grad': 'x0\.\d+' is not a float64 value",
         out,
     )
     assert (
-        "loss_071 (reference dapo) could not be evaluated on canonical batch 'ragged': the "
-        "function raised on a valid batch: RuntimeError: deliberately broken" in out
+        f"loss_{RAISING:03d} (reference dapo) could not be evaluated on canonical batch "
+        "'ragged': the function raised on a valid batch: RuntimeError: deliberately broken" in out
     )
     assert "loss: stored 1, received 1.5" in out  # the user's own polgrad_snapshot test
     assert files(root) == before  # a plain run writes nothing
