@@ -13,8 +13,12 @@ global token count times the world size. Figures, one process, one torch thread:
   process, gradients summed and averaged in float64);
 * ``ddp`` / ``fsdp``: ``run_step`` on a warm pool of gloo ranks (the job sent, every rank's
   micro-batches through DDP with ``no_sync`` or FSDP2 ``fully_shard``, the gradient back);
-* ``start``: the first call of a world size (the pool's start: ``world`` interpreters
-  importing torch and joining the group, the first DDP wrap), once per process.
+* ``start``: the first call of a world size, three ways: ``cold`` (the process's first
+  pool: the zygote's interpreter importing torch and what DDP / FSDP2 import on first use,
+  then ``world`` forks joining the group, the first DDP wrap), ``warm`` (a new pool from
+  the same zygote, as after a killed pool: forks, the group, the wrap) and ``spawn`` (no
+  zygote: ``world`` interpreters importing all of it each, the path taken when none can
+  fork).
 
 Each per-call figure is the median of ``--calls`` calls after one warm-up call. The
 closing note multiplies them out for one marked step whose data-parallel check runs 100
@@ -111,13 +115,18 @@ def main() -> None:
     ctx = build_context(dapo_step, ConformanceOptions("dapo", kind="training_step"))
 
     starts: dict[int, float] = {}
+    kinds: dict[int, dict[str, float]] = {}
     rows_out = []
     for world in worlds:
-        distributed.shutdown()
         batch = make_batch(*SIZES["small"])
-        begin = time.perf_counter()
-        distributed.run_step(dapo_step, batch, make_split(8, world), wrap="ddp")
-        starts[world] = time.perf_counter() - begin
+        kinds[world] = {}
+        for kind in ("spawn", "cold", "warm"):
+            distributed._FORK = kind != "spawn"
+            distributed.shutdown(zygote=kind != "warm")
+            begin = time.perf_counter()
+            distributed.run_step(dapo_step, batch, make_split(8, world), wrap="ddp")
+            kinds[world][kind] = time.perf_counter() - begin
+        starts[world] = kinds[world]["cold"]
         for size in sizes:
             rows, width = SIZES[size]
             batch = make_batch(rows, width)
@@ -139,8 +148,10 @@ def main() -> None:
         print(f"{size:>6} {f'{rows} x {width}':>9} {world:>5} {sim:>8.2f}ms {ddp:>7.1f}ms "
               f"{fsdp:>7.1f}ms {ddp / sim:>7.0f}x {fsdp / sim:>7.0f}x")  # fmt: skip
     print()
-    for world, seconds in starts.items():
-        print(f"pool start, world {world}: {seconds:.1f} s (once per process and world size)")
+    for world, by in kinds.items():
+        print(f"pool start, world {world}: cold {by['cold']:.1f} s (the process's first pool), "
+              f"warm {by['warm']:.2f} s (a new pool, same zygote), spawn {by['spawn']:.1f} s "
+              "(an interpreter per rank)")  # fmt: skip
     print()
     for size, _rows, _width, world, sim, ddp, fsdp in rows_out:
         per_check = {

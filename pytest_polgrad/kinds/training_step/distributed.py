@@ -27,18 +27,24 @@ and returns a :class:`DistributedStep` with the fields of its result (``loss``, 
 ``changed``). A step that calls ``torch.distributed.all_reduce`` itself runs as written:
 the default process group is the step's.
 
-Processes. Each rank is a fresh interpreter (``python -c``, the parent's ``sys.path``) in
-a session of its own, fed through a socket pair. Not multiprocessing's ``fork`` (the
-parent's torch already runs threads), nor ``spawn`` (it re-runs the parent's ``__main__``
-in every rank and fails for a script without a ``__main__`` guard even when the step
-lives elsewhere), nor ``forkserver`` (its server process outlives the pool). Ranks
+Processes. Each rank is a process in a session of its own, with the parent's
+``sys.path``, fed through a socket pair. On the CPU it is forked by the zygote: one
+interpreter per parent process (``python -c``) that imported torch, and what DDP and FSDP2
+import on their first use (``torch._dynamo``: seconds), once, and forks a rank per request
+while it runs a single thread; so a pool starts in milliseconds after the first, also
+when it replaces a killed one. With NCCL, or when the zygote cannot start or fork, a rank
+is a fresh interpreter (``python -c``) importing all of that itself. Not
+multiprocessing's ``fork`` (the parent's torch already runs threads), nor ``spawn`` (it
+re-runs the parent's ``__main__`` in every rank and fails for a script without a
+``__main__`` guard even when the step lives elsewhere), nor ``forkserver`` (its server
+is not stopped with the pools and ranks; the zygote is, by :func:`shutdown`). Ranks
 rendezvous through a ``file://`` store in a temporary directory (no port is bound for it;
 gloo's pair sockets close with the processes). A pool of ranks per world size stays up
-for the next call (a rank's start, with torch's import, costs seconds) and is killed,
-session and all, after any failure, timeout or ``KeyboardInterrupt``; :func:`shutdown`,
-registered with :mod:`atexit`, stops every pool and removes its directory. Ranks ignore
-SIGINT (the parent kills them) and end themselves when their stdin, a pipe from the
-parent, closes (the parent died). The function under test is sent by reference
+for the next call and is killed, session and all, after any failure, timeout or
+``KeyboardInterrupt``; :func:`shutdown`, registered with :mod:`atexit`, stops every pool,
+removes its directory and stops the zygote. Ranks and the zygote ignore SIGINT (the
+parent kills them) and end themselves when their stdin, a pipe from the parent, closes
+(the parent died). The function under test is sent by reference
 (``module.qualname``, as :mod:`pickle` does), so it must be importable at module level;
 a module pytest imported from a file not on ``sys.path`` is loaded from that file, and a
 script's ``__main__`` is run as ``__mp_main__`` (its guarded block does not run).
@@ -59,6 +65,7 @@ import math
 import os
 import pickle
 import re
+import select
 import shutil
 import signal
 import socket
@@ -74,6 +81,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.parallel import DistributedDataParallel
 
 from polgrad_reference.errors import ConfigError, InputError, InputTypeError
 from pytest_polgrad.kinds._returned import scalar_result
@@ -107,9 +116,9 @@ WRAPS = ("ddp", "fsdp")
 DEFAULT_TIMEOUT = 60.0
 """Seconds a call may run once every rank has loaded the function."""
 START_TIMEOUT = 300.0
-"""Seconds for a pool to start (torch's import in every rank), and for every rank of a call
-to load the function's module (the test module's imports) and wrap the model (FSDP's
-import on its first use)."""
+"""Seconds for the zygote to start and for a pool to start (torch's import, in every rank
+without a zygote), and for every rank of a call to load the function's module (the test
+module's imports) and wrap the model (FSDP's import on its first use, without a zygote)."""
 MAX_POOLS = 2
 """Pools kept up at once (the least recently used one is stopped for a third)."""
 _GRACE = 0.5
@@ -268,6 +277,8 @@ def run_step(
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if not isinstance(snapshot, bool):
         raise ConfigError(f"snapshot must be a bool, got {snapshot!r}")
+    # Not at the module top: the strategies import hypothesis (seconds), which the rank
+    # processes, importing this module, do not need.
     from pytest_polgrad.strategies._splits import Split
 
     if not isinstance(split, Split):
@@ -304,15 +315,22 @@ def pools() -> list[PoolState]:
         return [p.state() for p in _POOLS.values()]
 
 
-def shutdown() -> None:
+def shutdown(*, zygote: bool = True) -> None:
     """Stop every pool this process started (not a forked child's inherited copies): ranks
-    asked to leave, then killed; directories removed."""
+    asked to leave, then killed; directories removed; then the zygote that forked them
+    (``zygote=False``: kept, idle, so that the next pool starts in milliseconds; it still
+    ends with this process)."""
     with _LOCK:
         live = list(_POOLS.values())
         _POOLS.clear()
     for pool in live:
         if pool.owner == os.getpid():
             pool.stop()
+    global _ZYGOTE
+    with _LOCK:
+        forker, _ZYGOTE = (_ZYGOTE, None) if zygote else (None, _ZYGOTE)
+    if forker is not None and forker.owner == os.getpid():
+        forker.kill()
 
 
 # --------------------------------------------------------------------- parent: checks
@@ -460,7 +478,7 @@ def _pool(world: int, backend: str, device: str) -> _Pool:
         while len(_POOLS) >= MAX_POOLS:
             _POOLS.popitem(last=False)[1].stop()
         if not _REGISTERED:
-            atexit.register(shutdown)
+            atexit.register(shutdown)  # the pools, then the zygote
             _REGISTERED = True
         pool = _Pool(world, backend, device)
         pool.start(START_TIMEOUT)
@@ -475,17 +493,219 @@ def _forget(pool: _Pool) -> None:
                 del _POOLS[key]
 
 
+# --------------------------------------------------------------------- parent: zygote
+
+_ZYGOTE: _Zygote | None = None
+_FORK = True
+"""Whether ranks are forked by a zygote (False: a ``python -c`` per rank, as after a
+zygote could not start or fork in this process)."""
+
+
+def _zygote(limit: float) -> _Zygote | None:
+    """This process's live zygote (started if needed), or None when none can fork."""
+    global _ZYGOTE
+    with _LOCK:
+        if not _FORK:
+            return None
+        if _ZYGOTE is not None and (_ZYGOTE.owner != os.getpid() or not _ZYGOTE.alive()):
+            if _ZYGOTE.owner == os.getpid():
+                _ZYGOTE.kill()
+            _ZYGOTE = None
+        if _ZYGOTE is None:
+            zygote = _Zygote()
+            if not zygote.start(limit):
+                _no_fork()
+                return None
+            _ZYGOTE = zygote
+        return _ZYGOTE
+
+
+def _no_fork() -> None:
+    """Start ranks as interpreters of their own from now on (no zygote is tried again)."""
+    global _FORK
+    _FORK = False
+
+
+class _Zygote:
+    """One interpreter that imported torch and this module once, forking the ranks.
+
+    A rank's start is then a ``fork`` (milliseconds) instead of an interpreter importing
+    torch (seconds, in every rank of every pool, again after a pool is killed). The
+    zygote is ``python -c`` running :func:`_zygote_entry` in a session of its own, with
+    ``OMP_NUM_THREADS=1`` (torch's import then starts no thread: a fork copies only the
+    forking thread, so the zygote forks only while it runs one), stdin a pipe from this
+    process (it ends when the pipe closes) and a ``SOCK_SEQPACKET`` socket pair: this
+    process sends ``("fork", args, sys.path, cwd, environ)`` with the rank's end of its
+    job channel (``SCM_RIGHTS``); the zygote forks the rank and answers ``("pid", pid)``,
+    or ``("nofork", threads)``; it reaps its ranks and sends ``("exit", pid, code)``
+    (``code`` as ``Popen.returncode``). The ranks are its children, not this process's."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.exits: dict[int, int] = {}
+        self.lock = threading.Lock()
+        self.owner = os.getpid()
+
+    def alive(self) -> bool:
+        return self.sock is not None and self.proc is not None and self.proc.poll() is None
+
+    def start(self, limit: float) -> bool:
+        """Start the zygote; False (and nothing left running) when it cannot fork."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        code = (
+            "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+            f"from {__name__} import _zygote_entry; _zygote_entry(sys.argv[2:])"
+        )
+        args = [sys.executable, "-c", code, json.dumps(sys.path), str(theirs.fileno())]
+        try:
+            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, pass_fds=(theirs.fileno(),),
+                                         start_new_session=True, env=env)  # fmt: skip
+        except OSError:
+            mine.close()
+            return False
+        finally:
+            theirs.close()
+        self.sock = mine
+        msg = self._next(limit)
+        if msg is None or msg[0] != "ready" or msg[1] != 1:
+            self.kill()
+            return False
+        return True
+
+    def fork(
+        self, args: list[str], fd: int, env: Mapping[str, str], limit: float
+    ) -> _Forked | None:
+        """A rank forked with ``args`` (``_rank_entry``'s, less the channel) and ``fd``
+        (its job channel); None when the zygote cannot fork (it is then stopped)."""
+        request = pickle.dumps(("fork", args, list(sys.path), os.getcwd(), dict(env)))
+        with self.lock:
+            try:
+                assert self.sock is not None
+                socket.send_fds(self.sock, [request], [fd])
+            except OSError:
+                reply = None
+            else:
+                reply = self._next(limit, want="pid")
+        if reply is None or reply[0] != "pid":
+            self.kill()
+            _no_fork()
+            return None
+        return _Forked(int(reply[1]), self)
+
+    def _next(self, limit: float, want: str = "") -> tuple[Any, ...] | None:
+        """The next message other than an exit (exits are recorded) within ``limit`` s;
+        None when the zygote is gone or silent. ``want="exit"``: return after any exit."""
+        deadline = time.monotonic() + limit
+        while self.sock is not None:
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([self.sock], [], [], max(remaining, 0.0))
+            if not ready:
+                return None
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:  # the zygote ended
+                self.sock.close()
+                self.sock = None
+                return None
+            msg = pickle.loads(data)
+            if msg[0] == "exit":
+                self.exits[int(msg[1])] = int(msg[2])
+                if want == "exit":
+                    return msg  # type: ignore[no-any-return]
+                continue
+            return msg  # type: ignore[no-any-return]
+        return None
+
+    def exit_code(self, pid: int, timeout: float) -> int | None:
+        """``pid``'s exit code once the zygote reaped it (within ``timeout`` s), else None.
+        With the zygote gone, a rank that no longer runs counts as killed."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if pid in self.exits:
+                    return self.exits[pid]
+                if self.sock is None:
+                    return None if _running(pid) else -signal.SIGKILL
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._next(remaining, want="exit") is None:
+                    if pid in self.exits:
+                        return self.exits[pid]
+                    if self.sock is None:
+                        continue
+                    return None
+
+    def kill(self) -> None:
+        """SIGKILL the zygote's session and reap it (its ranks are killed by their pools)."""
+        if self.proc is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(5.0)
+            if self.proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self.proc.stdin.close()
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (``/proc``; without it, whether it exists)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[:1] != ["Z"]
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+class _Forked:
+    """A rank the zygote forked, as a pool uses a ``Popen``: ``pid``, ``poll``, ``wait``."""
+
+    stdin = None
+
+    def __init__(self, pid: int, zygote: _Zygote) -> None:
+        self.pid = pid
+        self.zygote = zygote
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid, 0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.zygote.exit_code(self.pid, 1e9 if timeout is None else timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout or 0.0)
+        return self.returncode
+
+
 class _Pool:
     """``world`` rank processes in one process group, fed one job at a time.
 
-    Each rank is ``python -c`` running :func:`_rank_entry` in a session of its own (so a
-    kill reaches whatever it started too), with the parent's ``sys.path``, one end of a
-    socket pair (the job channel), and a pipe on stdin whose end tells it the parent is
-    gone."""
+    Each rank runs :func:`_rank_entry` in a session of its own (so a kill reaches whatever
+    it started too), with the parent's ``sys.path``, environment and working directory, one
+    end of a socket pair (the job channel), and on stdin a pipe whose end tells it the
+    parent is gone. On the CPU it is forked by the :class:`_Zygote` (torch already
+    imported); with NCCL, or when no zygote can fork, it is a ``python -c`` of its own."""
 
     def __init__(self, world: int, backend: str, device: str) -> None:
         self.world, self.backend, self.device = world, backend, device
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[subprocess.Popen[bytes] | _Forked] = []
         self.conns: list[Connection] = []
         self.threads: list[int] = []
         self.directory = ""
@@ -512,15 +732,23 @@ class _Pool:
             f"from {__name__} import _rank_entry; _rank_entry(sys.argv[2:])"
         )
         try:
+            # NCCL ranks are interpreters of their own: a forked process must not inherit
+            # an initialised CUDA driver, which the zygote's imports do not rule out.
+            zygote = _zygote(limit) if self.device == "cpu" else None
             for r in range(self.world):
                 parent, child = mp_connection.Pipe()  # a socket pair
                 fd = child.fileno()
-                args = [sys.executable, "-c", code, json.dumps(sys.path), str(r), str(self.world),
-                        self.backend, self.device, store, self._stack_file(r), str(fd)]  # fmt: skip
+                rank_args = [str(r), str(self.world), self.backend, self.device, store,
+                             self._stack_file(r)]  # fmt: skip
+                proc: subprocess.Popen[bytes] | _Forked | None = None
                 try:
-                    proc = subprocess.Popen(
-                        args, stdin=subprocess.PIPE, pass_fds=(fd,), start_new_session=True, env=env
-                    )
+                    if zygote is not None:
+                        proc = zygote.fork(rank_args, fd, env, limit)
+                    if proc is None:
+                        args = [sys.executable, "-c", code, json.dumps(sys.path), *rank_args,
+                                str(fd)]  # fmt: skip
+                        proc = subprocess.Popen(args, stdin=subprocess.PIPE, pass_fds=(fd,),
+                                                start_new_session=True, env=env)  # fmt: skip
                 finally:
                     child.close()
                 self.procs.append(proc)
@@ -702,6 +930,9 @@ class _Pool:
         for proc in self.procs:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            if isinstance(proc, _Forked) and proc.poll() is None:
+                with contextlib.suppress(OSError):  # forked, not yet in a session of its own
+                    os.kill(proc.pid, signal.SIGKILL)
         self._close()
 
     def stop(self) -> None:
@@ -782,9 +1013,98 @@ def _frame_text(frame: _Frame) -> str:
     return f"{path}:{line} in {name}"
 
 
+def _zygote_entry(argv: Sequence[str]) -> None:
+    """The zygote (``python -c``, see :class:`_Zygote`): import what a rank's wraps import
+    on first use, then fork a rank per request, reap them, and end when the parent's pipe
+    on stdin closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # DDP's constructor imports torch._dynamo (seconds: sympy and ~800 modules), as does
+    # torch.distributed.fsdp: once here instead of in every rank of every pool.
+    importlib.import_module("torch._dynamo")
+    importlib.import_module("torch.distributed.fsdp")
+
+    sock = socket.socket(fileno=int(argv[0]))
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    sock.send(pickle.dumps(("ready", _threads())))
+    channel = sock.fileno()
+    while True:
+        ready, _, _ = select.select([channel, wake_r, 0], [], [])
+        if 0 in ready and not os.read(0, 1 << 16):
+            os._exit(0)  # the parent is gone (its ranks see the same pipe close)
+        if wake_r in ready:
+            with contextlib.suppress(OSError):
+                while os.read(wake_r, 1 << 10):
+                    pass
+        _reap(sock)
+        if channel not in ready:
+            continue
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 1)
+        except OSError:
+            os._exit(0)
+        if not data:
+            os._exit(0)
+        _kind, args, path, cwd, environ = pickle.loads(data)
+        threads = _threads()
+        if threads != 1 or len(fds) != 1:
+            sock.send(pickle.dumps(("nofork", threads)))
+            for fd in fds:
+                os.close(fd)
+            continue
+        pid = os.fork()
+        if pid == 0:  # the rank
+            code = 1
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(wake_r)
+                os.close(wake_w)
+                sock.close()
+                os.setsid()
+                sys.path[:] = path
+                os.chdir(cwd)
+                os.environ.clear()
+                os.environ.update(environ)
+                _rank_entry([*args, str(fds[0])])
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(fds[0])
+        sock.send(pickle.dumps(("pid", pid)))
+
+
+def _reap(sock: socket.socket) -> None:
+    """Reap the zygote's ended ranks; send each one's exit code."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        with contextlib.suppress(OSError):
+            sock.send(pickle.dumps(("exit", pid, os.waitstatus_to_exitcode(status))))
+
+
+def _threads() -> int:
+    """The threads this process runs (a fork copies only the calling one)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 def _rank_entry(argv: Sequence[str]) -> None:
-    """A rank process (``python -c``, see :class:`_Pool`): join the group, then run jobs
-    until told to stop (None) or the parent goes away."""
+    """A rank process (forked by the zygote or ``python -c``, see :class:`_Pool`): join
+    the group, then run jobs until told to stop (None) or the parent goes away."""
     rank, world = int(argv[0]), int(argv[1])
     backend, device, store, stack, fd = argv[2], argv[3], argv[4], argv[5], int(argv[6])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -906,16 +1226,15 @@ def _run_job(
     model = TokenModel(job.shape[0], job.shape[1], device)
     wrapped: torch.nn.Module
     if job.wrap == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
         ids = [device.index] if device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=ids)
     else:
+        # Not at the module top: torch.distributed.fsdp's import takes seconds (it imports
+        # torch._dynamo), and every process that uses the training-step kind imports this
+        # module; only ranks wrap. The zygote imports it once for the ranks it forks.
         from torch.distributed.fsdp import fully_shard
 
         if not mesh:
-            from torch.distributed.device_mesh import init_device_mesh
-
             mesh.append(init_device_mesh(device.type, (torch.distributed.get_world_size(),)))
         fully_shard(model, mesh=mesh[0])
         wrapped = model

@@ -23,7 +23,7 @@ from tests.kinds.training_step import distributed_steps as S
 @pytest.fixture(scope="module", autouse=True)
 def _stop_pools() -> Iterator[None]:
     yield
-    D.shutdown()
+    D.shutdown(zygote=False)  # the zygote stays for the next module's pools
     assert D.pools() == []
 
 

@@ -39,18 +39,20 @@ WRAPS = ("ddp", "fsdp")
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_pools() -> Iterator[None]:
-    """One pool per world size for the whole module; stopped (and checked gone) after it."""
+    """One pool per world size for the whole module; stopped (and checked gone) after it
+    (the zygote stays for the next module's pools)."""
     yield
     states = D.pools()
-    D.shutdown()
+    D.shutdown(zygote=False)
     for state in states:
         _assert_gone(state)
 
 
 def _rank_processes() -> set[int]:
-    """Processes this test process started with the runner (``_rank_entry`` on their
-    command line, this process their parent)."""
-    me, out = os.getpid(), set()
+    """Rank processes this test process started with the runner, living: its children
+    with ``_rank_entry`` on their command line, and the children of its zygote (its
+    child with ``_zygote_entry`` on its command line)."""
+    me, procs = os.getpid(), []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -59,10 +61,15 @@ def _rank_processes() -> set[int]:
             cmd = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == me and b"_rank_entry" in cmd:
-            out.add(int(entry.name))
-    return out
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        procs.append((int(entry.name), int(ppid), state, cmd))
+    zygotes = {pid for pid, ppid, _s, cmd in procs if ppid == me and b"_zygote_entry" in cmd}
+    return {
+        pid
+        for pid, ppid, state, cmd in procs
+        if state != "Z"
+        and ((ppid == me and b"_rank_entry" in cmd) or (ppid in zygotes and pid not in zygotes))
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -72,6 +79,10 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _assert_gone(state: D.PoolState) -> None:
@@ -277,8 +288,10 @@ def test_bad_arguments_are_refused_before_any_rank_starts() -> None:
 
 def test_an_exception_in_rank_1_is_named_and_every_rank_is_killed() -> None:
     """The function's exception, as one line naming the rank, micro-batch and rows; the
-    pool is gone and the next call starts a fresh one."""
+    pool is gone and the next call starts a fresh one, forked by the same zygote."""
     state = _pool_state(2)
+    zygotes = {_parent(p) for p in state.pids}
+    assert len(zygotes) == 1 and os.getpid() not in zygotes, zygotes
     batch = S.step_batch()
     with pytest.raises(D.RankFailed) as info:
         D.run_step(S.raises_on_rank_1, batch, SPLITS[2])
@@ -291,7 +304,9 @@ def test_an_exception_in_rank_1_is_named_and_every_rank_is_killed() -> None:
     _assert_only_live_pools()
     out = D.run_step(S.token_mean_global, batch, SPLITS[2])  # a fresh pool for the next call
     assert _close(out.grad, _reference(batch)[1], batch["response_mask"], 1e-12)
-    assert not set(_pool_state(2).pids) & set(state.pids)
+    fresh = _pool_state(2).pids
+    assert not set(fresh) & set(state.pids)
+    assert {_parent(p) for p in fresh} == zygotes
 
 
 def test_a_hanging_rank_is_killed_after_the_timeout_and_named() -> None:
@@ -300,10 +315,10 @@ def test_a_hanging_rank_is_killed_after_the_timeout_and_named() -> None:
     state = _pool_state(2)
     batch = S.step_batch()
     with pytest.raises(D.RankTimeout) as info:
-        D.run_step(S.hangs_on_rank_1, batch, SPLITS[2], timeout=3)
+        D.run_step(S.hangs_on_rank_1, batch, SPLITS[2], timeout=2)  # short: it only waits
     text = str(info.value)
     assert info.value.rank == 1
-    assert text.startswith("rank 1 hung:") and "within 3 s" in text
+    assert text.startswith("rank 1 hung:") and "within 2 s" in text
     assert "rank 1 was in the function on micro-batch 0 at" in text
     assert "distributed_steps.py" in text and "in hangs_on_rank_1" in text
     assert "rank 0 waited in the backward pass's gradient reduction on micro-batch 1" in text
@@ -338,26 +353,34 @@ def own_step(logprobs, response_mask, global_tokens, world_size):
 
 
 if __name__ == "__main__":
+    D._FORK = sys.argv[1] != "pass"  # "pass": ranks as interpreters of their own, no zygote
     D.run_step(S.token_mean_global, S.step_batch(), S.split_of(2), wrap="fsdp")
     (state,) = D.pools()
     own = D.run_step(own_step, S.step_batch(), S.split_of(2), wrap="ddp")
     mask = S.step_batch()["response_mask"]
     expected = torch.where(mask, 1.0 / mask.sum(), 0.0).to(torch.float64)
-    print(json.dumps({{"pids": state.pids, "directory": state.directory,
+    zygote = D._ZYGOTE.proc.pid if D._ZYGOTE is not None and D._ZYGOTE.proc else None
+    parents = [open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1] for p in state.pids]
+    print(json.dumps({{"pids": state.pids, "directory": state.directory, "zygote": zygote,
+                       "forked": [int(p) == zygote for p in parents],
                        "own": bool(torch.allclose(own.grad, expected, rtol=1e-15))}}), flush=True)
     if sys.argv[1] == "hang":
         try:
             D.run_step(S.hangs_on_rank_1, S.step_batch(), S.split_of(2), timeout=600)
         except KeyboardInterrupt:  # what is left at this moment, before atexit runs
             alive = [p for p in state.pids if os.path.exists(f"/proc/{{p}}")]
+            D.shutdown(zygote=False)
+            kept = os.path.exists(f"/proc/{{zygote}}")
+            D.shutdown()
             left = {{"pools": len(D.pools()), "alive": alive,
-                     "directory": os.path.exists(state.directory)}}
+                     "directory": os.path.exists(state.directory),
+                     "zygote": [kept, os.path.exists(f"/proc/{{zygote}}")]}}
             print(json.dumps(left), flush=True)
             raise
 """
 
 
-def _script(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], D.PoolState]:
+def _script(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], D.PoolState, dict[str, Any]]:
     path = tmp_path / "run.py"
     path.write_text(textwrap.dedent(_SCRIPT.format(repo=str(REPO))))
     env = {**os.environ, S.HANG_MARK: str(tmp_path / "hanging")}
@@ -371,21 +394,26 @@ def _script(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], D.PoolSta
         pytest.fail(f"the script printed nothing: {proc.communicate()[1]}")
     data = json.loads(line)
     assert data["own"], "the script's own __main__ step gave a wrong gradient"
-    return proc, D.PoolState(2, "gloo", "cpu", tuple(data["pids"]), data["directory"])
+    return proc, D.PoolState(2, "gloo", "cpu", tuple(data["pids"]), data["directory"]), data
 
 
-def _wait_gone(state: D.PoolState) -> None:
-    """Orphans are reaped by init asynchronously: give them up to 30 s, then check."""
+def _wait_gone(state: D.PoolState, zygote: int | None = None) -> None:
+    """Orphans are reaped by init asynchronously: give them up to 30 s, then check (the
+    ranks, the directory, the zygote)."""
+    pids = [*state.pids, *([] if zygote is None else [zygote])]
     end = time.monotonic() + 30
-    while time.monotonic() < end and any(_alive(p) for p in state.pids):
+    while time.monotonic() < end and any(_alive(p) for p in pids):
         time.sleep(0.1)
     _assert_gone(state)
+    assert zygote is None or not _alive(zygote), f"zygote {zygote} left"
 
 
 def test_an_interpreter_that_exits_after_a_pass_leaves_nothing(tmp_path: Path) -> None:
     """The pool stays up between calls (a step from the script's own ``__main__`` runs on
-    it too); at exit (atexit) its ranks and directory go."""
-    proc, state = _script(tmp_path, "pass")
+    it too); at exit (atexit) its ranks and directory go. The ranks here are interpreters
+    of their own (no zygote: the path taken when none can fork)."""
+    proc, state, data = _script(tmp_path, "pass")
+    assert data["zygote"] is None and data["forked"] == [False, False], data
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     _wait_gone(state)
@@ -395,8 +423,11 @@ def test_ctrl_c_in_the_parent_kills_every_rank_and_removes_the_directory(
     tmp_path: Path,
 ) -> None:
     """SIGINT to the parent's process group (what a terminal's Ctrl-C sends) while rank 1
-    hangs: KeyboardInterrupt in the parent, every rank killed, the directory removed."""
-    proc, state = _script(tmp_path, "hang")
+    hangs: KeyboardInterrupt in the parent, every rank killed, the directory removed; the
+    zygote that forked the ranks (and ran the script's ``__main__`` step) is kept by
+    ``shutdown(zygote=False)`` and stopped by ``shutdown()``."""
+    proc, state, data = _script(tmp_path, "hang")
+    assert data["zygote"] and data["forked"] == [True, True], data
     mark = tmp_path / "hanging"
     end = time.monotonic() + 120
     while not mark.exists() and proc.poll() is None and time.monotonic() < end:
@@ -407,5 +438,6 @@ def test_ctrl_c_in_the_parent_kills_every_rank_and_removes_the_directory(
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in err
     left = json.loads(out.strip().splitlines()[-1])
-    assert left == {"pools": 0, "alive": [], "directory": False}, "not killed at the interrupt"
-    _wait_gone(state)
+    # shutdown(zygote=False) kept the zygote, shutdown() stopped it
+    assert left == {"pools": 0, "alive": [], "directory": False, "zygote": [True, False]}, left
+    _wait_gone(state, data["zygote"])
