@@ -13,6 +13,7 @@ page is stale, that is when a package's ``__all__`` changed and the page did not
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import itertools
@@ -52,6 +53,13 @@ def _exported(module: ModuleType) -> list[str]:
     return sorted(names, key=lambda n: (n.startswith("_"), n.lower()))
 
 
+@functools.cache
+def _module_body(path: Path) -> list[ast.stmt]:
+    """A source file's top-level statements, parsed once per run (a file belongs to its
+    package and to every package above it)."""
+    return ast.parse(path.read_text()).body
+
+
 def _source_docstrings(package: str) -> dict[str, str]:
     """``name -> docstring`` of every module-level assignment followed by a string literal,
     over the source files of ``package`` (first definition wins)."""
@@ -61,8 +69,7 @@ def _source_docstrings(package: str) -> dict[str, str]:
         files = sorted(Path(next(iter(module.__path__))).rglob("*.py"))
     out: dict[str, str] = {}
     for path in files:
-        body = ast.parse(path.read_text()).body
-        for node, after in itertools.pairwise(body):
+        for node, after in itertools.pairwise(_module_body(path)):
             if isinstance(node, ast.Assign) and len(node.targets) == 1:
                 target = node.targets[0]
             elif isinstance(node, ast.AnnAssign):

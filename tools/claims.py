@@ -511,6 +511,7 @@ def render(claims: tuple[Claim, ...], link_prefix: str) -> str:
 def missing_tests() -> list[str]:
     """Claimed node ids whose file or test function does not exist (static check)."""
     out = []
+    defined: dict[Path, set[str]] = {}  # each file parsed once (many claims share one)
     for claim in CLAIMS:
         file, _, name = claim.test.partition("::")
         func = name.split("[", 1)[0].split("::")[-1]
@@ -518,8 +519,10 @@ def missing_tests() -> list[str]:
         if not path.is_file():
             out.append(f"{claim.test}: no file {file}")
             continue
-        tree = ast.parse(path.read_text())
-        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        if path not in defined:
+            tree = ast.parse(path.read_text())
+            defined[path] = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        names = defined[path]
         if func not in names:
             out.append(f"{claim.test}: no function {func} in {file}")
     return out
