@@ -182,6 +182,12 @@ def _pieces(split: Split, mask: torch.Tensor) -> tuple[_Piece, ...]:
     return made
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Every element the same value, NaN equal to NaN (:func:`bitwise_equal`), with
+    ``torch.equal``'s one pass first: it answers for any pair without NaN."""
+    return torch.equal(a, b) or bool(bitwise_equal(a, b).all())
+
+
 def accumulate(
     ctx: StepContext, inputs: Mapping[str, Any], *, snapshot: bool = False
 ) -> Accumulated:
@@ -242,7 +248,7 @@ def accumulate(
         total += value / world
         for name, old in before.items():
             new = kwargs[name].detach()
-            if new.shape != old.shape or not bool(bitwise_equal(new, old).all()):
+            if new.shape != old.shape or not _same(new, old):
                 changed.append(f"{where}: {name}")
     return Accumulated(total, grad, tuple(changed))
 
@@ -365,7 +371,7 @@ def check_deterministic(ctx: StepContext, inputs: Mapping[str, Any]) -> float:
     a = _shared_run(ctx, inputs)
     b = _shared.take_fresh(ctx, inputs) or execute(ctx, inputs)
     same_loss = (a.loss == b.loss) or (math.isnan(a.loss) and math.isnan(b.loss))
-    if not same_loss or not bool(bitwise_equal(a.grad, b.grad).all()):
+    if not same_loss or not _same(a.grad, b.grad):
         raise CheckFailure(
             "two runs of the same step give different results",
             numbers=[("loss (1st run, 2nd run)", fmt(a.loss), fmt(b.loss))],
@@ -506,11 +512,19 @@ class TrainingStepKind(Kind):
     def strategy(self, ctx: Any, check: KindCheck) -> st.SearchStrategy[Any]:
         if check.domain == _empty.EMPTY:
             return _empty.strategy(ctx, StepInputs)
-        drawn = _shared.drawn_batches(ctx, ctx.options.max_batch)
+        drawn = _shared.drawn_batches(ctx, *_shared.search_bounds(ctx.options))
 
         # one pool for every check: a batch and a split of each family (see .shared)
         world = None if ctx.wrap is None else ctx.world
         return _shared.step_batches(drawn, world=world, fold=fold)
+
+    def extra_inputs(self, ctx: Any, check: KindCheck, seed: int) -> list[Any]:
+        """The pool's realistic-size steps (deterministic in ``seed``; none for the
+        opt-in empty-micro-batches check, which draws its own)."""
+        if check.domain == _empty.EMPTY:
+            return []
+        world = None if ctx.wrap is None else ctx.world
+        return list(_shared.realistic_steps(ctx, seed, world=world, fold=fold))
 
     def pool_key(self, ctx: Any, check: KindCheck) -> tuple[object, ...]:
         """Every check screens the same pooled steps (across functions, too)."""

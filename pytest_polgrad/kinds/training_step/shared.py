@@ -22,23 +22,27 @@ import torch
 from hypothesis import strategies as st
 
 from pytest_polgrad.core.kinds import SHARED_CALLS, CallStore, remember
+from pytest_polgrad.kinds.policy_loss.kind import SEARCH_ROWS, SEARCH_TOKENS, realistic_batches
 from pytest_polgrad.strategies import batches
 from pytest_polgrad.strategies._cache import choice
-from pytest_polgrad.strategies._sample import composite
+from pytest_polgrad.strategies._sample import composite, sample
 from pytest_polgrad.strategies._splits import SPLIT_FAMILIES, Split, splits
 
 if TYPE_CHECKING:
     from pytest_polgrad.kinds.policy_loss.oracle import Oracle, OracleResult
 
 
-def drawn_batches(ctx: Any, max_batch: int) -> st.SearchStrategy[Any]:
+def drawn_batches(
+    ctx: Any, max_batch: int, max_length: int | None = None
+) -> st.SearchStrategy[Any]:
     """The batches a training step is drawn on: the step's options and reference decide
-    the dtype, shapes, advantages, clip and which optional logprobs are drawn."""
+    the dtype, shapes (``max_length``: the options' by default), advantages, clip and which
+    optional logprobs are drawn."""
     cfg = ctx.policy
     return batches(
         min_batch=1,
         max_batch=max_batch,
-        max_length=ctx.options.max_length,
+        max_length=ctx.options.max_length if max_length is None else max_length,
         dtype=ctx.tolerance.input_dtype,
         advantage_shape=ctx.options.advantages,
         clip=cfg.clip,
@@ -49,6 +53,40 @@ def drawn_batches(ctx: Any, max_batch: int) -> st.SearchStrategy[Any]:
     )
 
 
+def search_bounds(options: Any) -> tuple[int, int]:
+    """Rows and tokens of the drawn steps: the policy loss's search sizes (at most 8 x 256,
+    capped by ``max_batch`` / ``max_length``); the realistic sizes come as extra steps
+    (:func:`realistic_steps`), as in the policy-loss pool."""
+    return min(SEARCH_ROWS, options.max_batch), min(SEARCH_TOKENS, options.max_length)
+
+
+def realistic_steps(
+    ctx: Any, seed: int, *, world: int | None, fold: Callable[[Split, int], Split]
+) -> list[StepBatch]:
+    """The policy-loss pool's realistic-size batches (``REALISTIC_SIZES``: 64 x 384 and
+    9 x 4096, capped by ``max_batch`` / ``max_length``; float16 smaller), each with one split
+    of every family drawn under ``seed`` (:func:`family_splits`)."""
+    cfg, options = ctx.policy, ctx.options
+    shape = {
+        "dtype": ctx.tolerance.input_dtype,
+        "domain": "semantic",
+        "max_log_ratio": None,
+        "clip": cfg.clip,
+        "advantage_shape": options.advantages,
+        "with_ref_logprobs": cfg.kl_in_loss,
+        "with_rollout_logprobs": cfg.is_correction is not None,
+        "holes": False,
+        "padding": "nan" if options.padding_nan else "garbage",
+    }
+    found = [b.as_kwargs() for b in realistic_batches(shape, options, seed)]
+
+    def _all(draw: st.DrawFn) -> list[StepBatch]:
+        return [with_splits(draw, tensors, world=world, fold=fold) for tensors in found]
+
+    (steps,) = sample(composite(_all), seed, 1)
+    return steps
+
+
 __all__ = [
     "FAMILY_SHAPES",
     "StepBatch",
@@ -56,8 +94,11 @@ __all__ = [
     "expected",
     "family_splits",
     "keep_fresh",
+    "realistic_steps",
     "reuse",
+    "search_bounds",
     "take_fresh",
+    "with_splits",
 ]
 
 FAMILY_SHAPES: dict[str, tuple[int, int]] = {
@@ -124,14 +165,25 @@ def step_batches(
     ranks on a real process group)."""
 
     def _steps(draw: st.DrawFn) -> StepBatch:
-        tensors = draw(drawn).as_kwargs()
-        lengths = tensors["response_mask"].sum(dim=1).tolist()
-        found, shared = family_splits(draw, lengths, world=world)
-        if world is not None:
-            found = {f: fold(s, world) for f, s in found.items()}
-        return StepBatch(tensors, found, shared)
+        return with_splits(draw, draw(drawn).as_kwargs(), world=world, fold=fold)
 
     return composite(_steps)
+
+
+def with_splits(
+    draw: st.DrawFn,
+    tensors: dict[str, torch.Tensor],
+    *,
+    world: int | None,
+    fold: Callable[[Split, int], Split],
+) -> StepBatch:
+    """``tensors`` with :func:`family_splits` drawn for their rows (folded onto ``world``
+    ranks on a real process group)."""
+    lengths = tensors["response_mask"].sum(dim=1).tolist()
+    found, shared = family_splits(draw, lengths, world=world)
+    if world is not None:
+        found = {f: fold(s, world) for f, s in found.items()}
+    return StepBatch(tensors, found, shared)
 
 
 # ---- one accumulation per (function, step, split) ---------------------------------------

@@ -15,9 +15,11 @@ import torch
 from pytest_polgrad.core.engine import _pool, build_context, check_of, kind_of, run_check
 from pytest_polgrad.core.kinds import CallStore
 from pytest_polgrad.core.options import ConformanceOptions
+from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.kinds.policy_loss.kind import REALISTIC_SIZES, SEARCH_ROWS, SEARCH_TOKENS
 from pytest_polgrad.kinds.training_step import shared as _shared
-from pytest_polgrad.kinds.training_step.kind import accumulate
-from tests.kinds.training_step.test_kind import SPLIT_CHECKS, token_mean_step
+from pytest_polgrad.kinds.training_step.kind import accumulate, check_split
+from tests.kinds.training_step.test_kind import MUTANTS, SPLIT_CHECKS, token_mean_step
 
 BUDGET = 14
 
@@ -156,7 +158,8 @@ def test_accumulate_is_bitwise_the_plain_accumulation() -> None:
     """``accumulate`` writes each micro-batch's ``g / W`` into its rows once; the loss and
     gradient are bitwise those of zeros plus ``+= g / W`` per micro-batch (every family's
     split of pooled steps, float64 and bfloat16 inputs), so verdicts did not move."""
-    for options in ({}, {"dtype": "bfloat16"}):
+    every: tuple[dict[str, Any], ...] = ({}, {"dtype": "bfloat16"})
+    for options in every:
         ctx, drawn = _pooled("dapo", **options)
         for item in drawn:
             for split in item.splits.values():
@@ -164,3 +167,38 @@ def test_accumulate_is_bitwise_the_plain_accumulation() -> None:
                 acc = accumulate(ctx, inputs)
                 loss, grad = _plain_accumulation(ctx, inputs)
                 assert _same(acc.loss, loss) and _same(acc.grad, grad), split.describe()
+
+
+def test_the_pool_draws_steps_at_search_sizes_plus_the_realistic_ones() -> None:
+    """Drawn steps have at most ``SEARCH_ROWS x SEARCH_TOKENS`` (8 x 256); the realistic
+    steps are the policy-loss pool's sizes (64 x 384, 9 x 4096), each with a split of every
+    family its rows allow (issue 32: the giant drawn steps cost ten times a policy loss)."""
+    ctx, drawn = _pooled("dapo")
+    kind = kind_of(ctx.options)
+    _, extra = _pool(kind, ctx, check_of(kind, ctx, "micro-batches"), 0, 40)
+    for item in drawn:
+        rows, width = item.batch["response_mask"].shape
+        assert rows <= SEARCH_ROWS and width <= SEARCH_TOKENS
+    assert sorted(tuple(e.batch["response_mask"].shape) for e in extra) == sorted(REALISTIC_SIZES)
+    for item in extra:
+        assert set(item.splits) == {"full-batch", "micro-batches", "data-parallel",
+                                    "generation-steps"}  # fmt: skip
+        assert item.shared in item.splits
+
+
+@pytest.mark.parametrize(("fn", "family", "_named"), MUTANTS, ids=[m[0].__name__ for m in MUTANTS])
+def test_each_scaling_mutant_fails_on_pooled_steps_alone(fn, family, _named) -> None:  # type: ignore[no-untyped-def]
+    """Without the corpus, a few pooled steps of the mutant's family already flag it:
+    the search-size steps keep the unequal micro-batch / rank token counts the bugs need."""
+    opts = ConformanceOptions("dapo", kind="training_step")
+    ctx = build_context(fn, opts)
+    kind = kind_of(opts)
+    drawn, _ = _pool(kind, ctx, check_of(kind, ctx, family), 0, 12)
+    flagged = 0
+    for item in drawn:
+        if family in item.splits:
+            try:
+                check_split(ctx, {**item.batch, "split": item.splits[family]})
+            except CheckFailure:
+                flagged += 1
+    assert flagged >= 2, flagged
