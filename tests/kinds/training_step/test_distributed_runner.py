@@ -340,7 +340,8 @@ def test_a_rank_that_ends_its_process_is_named() -> None:
 # ------------------------------------------------------------ a whole interpreter
 
 _SCRIPT = """
-import json, os, sys
+import json, os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored in a shell's `(cmd &)`
 sys.path[:0] = [{repo!r}]
 import torch
 from pytest_polgrad.kinds.training_step import distributed as D
