@@ -23,10 +23,9 @@ import torch
 
 from pytest_polgrad import assert_conforms
 from pytest_polgrad.api import ConformanceError, ConformanceReport
-from pytest_polgrad.core.engine import build_context, run_check
-from pytest_polgrad.core.kinds import get_kind
 from pytest_polgrad.core.options import ConformanceOptions
 from pytest_polgrad.kinds._packed import Packing, call_in_layout
+from tests.kinds import _sweep_verdicts as runs
 from tests.kinds import test_sweep as sweep
 from tests.kinds.advantages import test_kind as adv
 from tests.kinds.entropy import test_kind as ent
@@ -105,13 +104,12 @@ SEEDS = range(2)
 
 
 def _verdicts(kind: str, fn: Any, reference: str, options: dict[str, Any]) -> dict[str, str]:
-    """Each check's verdict over :data:`SEEDS`: ``""`` (passed) or its first report."""
-    opts = ConformanceOptions(reference, kind=kind, **sweep.SIZES, **options)
-    ctx = build_context(fn, opts)
+    """Each check's verdict over :data:`SEEDS`: ``""`` (passed) or its first report (the
+    sweep's runs, tests/kinds/_sweep_verdicts: the padded ones are test_sweep's own)."""
     out = {}
-    for check in get_kind(kind).checks(ctx.config, opts):
-        results = [run_check(ctx, check.name, max_examples=3, base_seed=s) for s in SEEDS]
-        out[check.name] = next((r.report for r in results if not r.passed), "")
+    for check in runs.check_names(kind, fn, reference, options):
+        results = [runs.result(kind, fn, reference, options, check=check, seed=s) for s in SEEDS]
+        out[check] = next((r.report for r in results if not r.passed), "")
     return out
 
 

@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 
-from pytest_polgrad.core.engine import build_context, run_check
-from pytest_polgrad.core.kinds import get_kind
-from pytest_polgrad.core.options import ConformanceOptions
+from tests.kinds import _sweep_verdicts as runs
 from tests.kinds.aggregation import test_kind as agg
 from tests.kinds.kl import test_kind as kl
 from tests.kinds.logprobs import test_kind as logprobs
 from tests.kinds.training_step import test_kind as step
 
 SEEDS = range(4)
-SIZES: dict[str, Any] = {"max_batch": 6, "max_length": 32}
+SIZES: dict[str, Any] = runs.SIZES
 FLOAT64_ARITHMETIC = {step.token_mean_step, step.seq_mean_token_mean_step, agg.token_mean,
                       agg.seq_mean_token_sum, kl.k3, kl.k3_plus, logprobs.plain,
                       logprobs.packed_ok}  # fmt: skip
@@ -56,10 +54,10 @@ def test_correct_implementation_passes_every_check_for_every_seed(
     kind: str, fn: Any, reference: str, options: dict[str, Any]
 ) -> None:
     stricts = (False, True) if fn in FLOAT64_ARITHMETIC and "dtype" not in options else (False,)
-    for strict in stricts:
-        opts = ConformanceOptions(reference, kind=kind, strict=strict, **SIZES, **options)
-        ctx = build_context(fn, opts)
-        for check in get_kind(kind).checks(ctx.config, opts):
+    for strict in stricts:  # runs at small sizes, 3 inputs per check (tests/kinds/_sweep_verdicts)
+        for check in runs.check_names(kind, fn, reference, options, strict=strict):
             for seed in SEEDS:
-                result = run_check(ctx, check.name, max_examples=3, base_seed=seed)
+                result = runs.result(
+                    kind, fn, reference, options, check=check, seed=seed, strict=strict
+                )
                 assert result.passed, (strict, seed, result.report)
