@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 
 from polgrad_reference.aggregate import aggregate
 from polgrad_reference.config import Aggregation, KLEstimator
@@ -140,6 +140,8 @@ def test_k3_is_accurate_for_tiny_and_large_log_ratios(lr: float) -> None:
 
 
 @pytest.mark.parametrize("mode", list(Aggregation), ids=lambda m: m.value)
+@settings(max_examples=30)  # a bitwise identity per mode: a wrong k2 or surrogate gradient
+# breaks it on nearly every ragged batch; 30 per mode x 5 modes instead of 500
 @given(batch=ragged())
 def test_k2_loss_gradient_equals_surrogate_gradient_bitwise(
     mode: Aggregation, batch: dict[str, torch.Tensor]

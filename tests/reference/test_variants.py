@@ -130,6 +130,8 @@ def test_dual_clip_caps_every_ratio_kind(ratio: str) -> None:
 
 
 @pytest.mark.parametrize("est", ["k1+", "k3+", "abs+"])
+@settings(max_examples=30)  # bitwise identities per estimator: a straight-through term
+# that leaks its base gradient breaks them on nearly every ragged batch
 @given(batch=ragged())
 def test_straight_through_kl_has_base_value_and_k2_gradient_bitwise(
     est: str, batch: dict[str, torch.Tensor]
