@@ -40,7 +40,7 @@ _NO_GROUP = (
 @pytest.fixture(scope="module", autouse=True)
 def _stop_pools() -> Iterator[None]:
     yield
-    D.shutdown()
+    D.shutdown(zygote=False)  # the idle zygote serves the next module's pools
     assert D.pools() == []
 
 
