@@ -101,6 +101,8 @@ def main() -> None:
 
     import torch
 
+    # this checkout's kit, not an installed one (the import below would fix it for cases())
+    sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
     from pytest_polgrad.core.engine import clear_pools
 
     torch.set_num_threads(1)
