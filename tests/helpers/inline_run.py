@@ -26,9 +26,9 @@ the process could break:
   worker would assertion-rewrite, uncached, each module of the pytest plugins it imports
   (Hypothesis's ~100, the kit's, syrupy's: ~2.5 s of an inner ``-n 2`` session's ~3 s on a
   loaded 2-core machine); the inner run's workers instead cache their bytecode under
-  :data:`PYCACHE`, a directory of this test process (``PYTHONPYCACHEPREFIX``, removed at
-  exit), so only the first workers rewrite; nothing is written into the venv or the
-  checkout, and ``env=`` still sets either variable for a test that means to;
+  :data:`PYCACHE` (``PYTHONPYCACHEPREFIX``), so only the first workers compile and
+  rewrite; nothing is written into the venv or the checkout, and ``env=`` still sets
+  either variable for a test that means to;
 - ``sys.modules``: pytester drops every module the run imported first, at the end of the
   run and again at the end of the test; a library module dropped that way is imported a
   second time later (two ``_POOLS``, two exception classes, torch registering its ops
@@ -43,11 +43,9 @@ process, a real process's exit status) keeps ``runpytest_subprocess``.
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import os
 import pkgutil
-import shutil
 import sys
 import tempfile
 from collections.abc import Collection, Mapping
@@ -116,10 +114,13 @@ PRELOAD = _preload()
 """Imported with this module, at collection, before any ``Pytester`` snapshots
 ``sys.modules``: the kit's modules and the libraries a session imports lazily."""
 
-PYCACHE = tempfile.mkdtemp(prefix="polgrad-pycache-")
+PYCACHE = os.path.join(tempfile.gettempdir(), f"polgrad-pycache-{os.getuid()}")
 """Where the inner runs' workers cache bytecode when ``PYTHONDONTWRITEBYTECODE`` is set
-(module docstring); removed when this process exits."""
-atexit.register(shutil.rmtree, PYCACHE, ignore_errors=True)
+(module docstring): one directory for every test process of this user, kept between runs
+(a cached file is used only while its source's time and size match, as in ``__pycache__``),
+so the first worker to import a module compiles it (the first inner ``-n 2`` session of a
+fresh machine: ~10 s) and every later one reads it."""
+os.makedirs(PYCACHE, exist_ok=True)
 
 XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_ADDOPTS")
 """Set in an outer xdist worker (or by the user); an inner run must not see them."""
