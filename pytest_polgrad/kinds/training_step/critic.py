@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from polgrad_reference import Aggregation
 from polgrad_reference.value import value_loss_per_token
 from pytest_polgrad.core.calls import guarded_call
+from pytest_polgrad.core.clock import charged
 from pytest_polgrad.core.golden_format import EntryScale, Tolerant
 from pytest_polgrad.core.kinds import Diagnosis, Kind, KindCheck
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
@@ -200,7 +201,8 @@ def _accumulate(
             if not loss.requires_grad:
                 raise Verdict(f"{where}: the critic step must return a scalar loss of values")
             try:
-                (g,) = torch.autograd.grad(loss, val, allow_unused=True)
+                with charged():  # the backward through the function's loss is its own
+                    (g,) = torch.autograd.grad(loss, val, allow_unused=True)
             except RuntimeError as exc:
                 raise Verdict(f"{where}: backward through the returned loss failed: {exc}") from exc
             if g is None:

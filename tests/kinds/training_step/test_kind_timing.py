@@ -64,3 +64,33 @@ def test_a_slow_backward_is_blamed_on_the_function() -> None:
         _SlowBackward.calls,
     )
     assert result.function_seconds <= result.seconds
+
+
+def slow_backward_critic(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    global_tokens: int,
+    world_size: int,
+) -> torch.Tensor:
+    """A correct token-mean unclipped critic step whose backward is slow."""
+    v: torch.Tensor = _SlowBackward.apply(values)  # type: ignore[no-untyped-call]
+    per = 0.5 * (v - returns) ** 2
+    return torch.where(response_mask, per, 0.0).sum() / global_tokens * world_size
+
+
+def test_a_slow_critic_backward_is_blamed_on_the_function() -> None:
+    """The same for ``kind="critic_step"``: without the charge around its
+    ``autograd.grad`` the function's share is its forwards only."""
+    _SlowBackward.calls = 0
+    opts = ConformanceOptions("unclipped", kind="critic_step")
+    result = run_check(build_context(slow_backward_critic, opts), "micro-batches",
+                       max_examples=4, base_seed=0)  # fmt: skip
+    assert result.passed, result.report
+    assert _SlowBackward.calls > 0
+    assert result.function_seconds >= _SlowBackward.calls * DELAY, (
+        result.function_seconds,
+        _SlowBackward.calls,
+    )
+    assert result.function_seconds <= result.seconds
