@@ -5,10 +5,12 @@ Nothing here calls the function under test (that is :mod:`.advantages`)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -30,6 +32,7 @@ from polgrad_reference.advantages import (
 from polgrad_reference.advantages import (
     _whiten as whiten_validated,
 )
+from pytest_polgrad.core.kinds import CallStore, remember
 from pytest_polgrad.strategies import RewardBatch
 
 __all__ = [
@@ -221,14 +224,6 @@ def expected_advantages(
     return whiten_validated(out, mask, ref.whitener) if c.whiten else out
 
 
-def _group_max(x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    _, inverse = torch.unique(ids, return_inverse=True)
-    top = torch.zeros(int(inverse.max()) + 1, dtype=x.dtype).scatter_reduce(
-        0, inverse, x, "amax", include_self=False
-    )
-    return top[inverse]
-
-
 def _divisor(ref: AdvantageReference, t: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Per-row ``std_g + eps`` of GRPO (1 for the other sequence estimators), float64."""
     c = ref.config
@@ -267,31 +262,71 @@ def _pre_whitening_std(ref: AdvantageReference, t: Mapping[str, torch.Tensor]) -
     return float(vals.std()) if vals.numel() > 1 else 1.0
 
 
+_SCALES = CallStore()
+"""(reference, output rank, the batch tensors' ids and versions) -> the parts of
+:func:`tolerance_scale` that do not depend on the expected advantages, while they live."""
+
+
+def _group_max_at(x: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:
+    top = torch.zeros(groups, dtype=x.dtype).scatter_reduce(
+        0, inverse, x, "amax", include_self=False
+    )
+    return top[inverse]
+
+
+def _batch_parts(
+    ref: AdvantageReference, kw: Mapping[str, torch.Tensor], token: bool
+) -> tuple[Any, ...]:
+    """``[B]`` outputs: (group index per row, groups, the group's largest ``|reward|`` over
+    the row's divisor, factor); ``[B, T]``: (mask, the inputs' size per row, over the
+    pre-whitening std where the reference whitens, factor)."""
+    t = _f64(kw)
+    mask = t["response_mask"]
+    r = t["rewards"].abs()
+    if not token:
+        _, inverse, counts = torch.unique(t["group_ids"], return_inverse=True, return_counts=True)
+        groups = int(inverse.max()) + 1
+        top = _group_max_at(r, inverse, groups) / _divisor(ref, t)
+        return inverse, groups, top, 1.0 + math.sqrt(float(counts.max())) / 4.0
+    inputs = r[:, None].expand_as(mask).clone()
+    for name in ("token_rewards", "values"):
+        if name in t:
+            inputs = inputs + 2.0 * torch.where(mask, t[name], 0.0).abs()
+    row = torch.where(mask, inputs, 0.0).sum(dim=1, keepdim=True)
+    if ref.whitens:
+        row = row.amax() / max(_pre_whitening_std(ref, t), 1e-300)
+    return mask, row, 1.0 + math.sqrt(float(mask.sum())) / 4.0
+
+
+def _cached_parts(
+    ref: AdvantageReference, kw: Mapping[str, torch.Tensor], token: bool
+) -> tuple[Any, ...]:
+    """:func:`_batch_parts`, made once per reference and batch: kept while the batch's
+    tensors live, and only while none was modified in place (the key holds their ids and
+    versions)."""
+    key = (ref, token, tuple((n, id(v), getattr(v, "_version", None)) for n, v in kw.items()))
+    made = _SCALES.get(key)
+    if made is None:
+        made = _batch_parts(ref, kw, token)
+        with contextlib.suppress(TypeError):  # an owner without weak references: every time
+            remember(_SCALES, key, made, tuple(kw.values()))
+    return made
+
+
 def tolerance_scale(
     ref: AdvantageReference, kw: Mapping[str, torch.Tensor], expected: torch.Tensor
 ) -> torch.Tensor:
     """The magnitude rounding errors are proportional to, per compared element: the
     output's own size, its group's (or batch's) largest, and the inputs' size over the
     divisor (so cancelling rewards keep a meaningful tolerance)."""
-    t = _f64(kw)
     e = expected.abs()
-    mask = t["response_mask"]
-    ids = t["group_ids"]
-    r = t["rewards"].abs()
     if expected.dim() == 1:
-        top = _group_max(e, ids) + _group_max(r, ids) / _divisor(ref, t)
-        _, counts = torch.unique(ids, return_counts=True)
-        return (e + top) * (1.0 + math.sqrt(float(counts.max())) / 4.0)
-    n = float(mask.sum())
-    inputs = r[:, None].expand_as(e).clone()
-    for name in ("token_rewards", "values"):
-        if name in t:
-            inputs = inputs + 2.0 * torch.where(mask, t[name], 0.0).abs()
-    row = torch.where(mask, inputs, 0.0).sum(dim=1, keepdim=True)
-    peak = torch.where(mask, e, 0.0).amax()
-    if ref.whitens:
-        row = row.amax() / max(_pre_whitening_std(ref, t), 1e-300)
-    return (e + peak + row) * (1.0 + math.sqrt(n) / 4.0)
+        inverse, groups, top_inputs, factor = _cached_parts(ref, kw, False)
+        scale: torch.Tensor = (e + (_group_max_at(e, inverse, groups) + top_inputs)) * factor
+        return scale
+    mask, row, factor = _cached_parts(ref, kw, True)
+    scale = (e + torch.where(mask, e, 0.0).amax() + row) * factor
+    return scale
 
 
 # ---- corpus -------------------------------------------------------------------------------
