@@ -7,6 +7,7 @@ the reference semantics of the very tensors the function under test received.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -69,6 +70,12 @@ class OracleResult:
     kinked: bool = True
     """Whether any token is ``ambiguous`` (False: finiteness there needs no separate test)."""
 
+    @functools.cached_property
+    def clear_mass(self) -> float:
+        """``sum |grad|`` over ``clear``, once per result (every function's padding and
+        micro-batch checks on the batch read it)."""
+        return float(torch.where(self.clear, self.grad.abs(), 0.0).sum())
+
 
 @dataclasses.dataclass(frozen=True)
 class Oracle:
@@ -120,8 +127,10 @@ class Oracle:
         row_native = token_native.amax(dim=1, keepdim=True) if native else None
         ratio = out.ratio.detach()
 
+        parts = self._value_terms(out, x, adv)
+
         def scale_of(c: torch.Tensor, kl_c: torch.Tensor | None) -> float:
-            return self._value_scale(out, x, adv, c, kl_c)
+            return self._scale_from(out, parts, c, kl_c)
 
         kl_cond = kl_native = None
         if out.kl is not None:
@@ -209,13 +218,31 @@ class Oracle:
         a rounding of the inputs by ``cond`` moves the token loss by its slope in the
         log-ratio, ``|A| r`` for every surrogate plus a penalty's slope ``p`` that does not
         vanish with the advantage (:meth:`_penalty_slope`)."""
+        return self._scale_from(out, self._value_terms(out, x, adv), cond, kl_cond)
+
+    def _value_terms(
+        self, out: PolicyLossOutput, x: Mapping[str, torch.Tensor], adv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """What :meth:`_value_scale` reads besides the condition numbers, made once per
+        batch for both of them: ``(|l_t|, slope, |k_t| or None, |w_t|)``."""
         weight = self._applied_weight(out.ratio.detach())
         slope = adv.abs() * weight + self._penalty_slope(x, out.response_mask)
-        terms = out.token_loss.detach().abs() + slope * cond
-        if out.kl is not None:
+        kl_abs = None if out.kl is None else out.kl.detach().abs()
+        return out.token_loss.detach().abs(), slope, kl_abs, out.weights.abs()
+
+    def _scale_from(
+        self,
+        out: PolicyLossOutput,
+        parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
+        cond: torch.Tensor,
+        kl_cond: torch.Tensor | None,
+    ) -> float:
+        token_abs, slope, kl_abs, weights_abs = parts
+        terms = token_abs + slope * cond
+        if kl_abs is not None:
             assert self.config.kl is not None and kl_cond is not None
-            terms = terms + self.config.kl.coef * (out.kl.detach().abs() + kl_cond)
-        return float((torch.where(out.response_mask, terms, 0.0) * out.weights.abs()).sum())
+            terms = terms + self.config.kl.coef * (kl_abs + kl_cond)
+        return float((torch.where(out.response_mask, terms, 0.0) * weights_abs).sum())
 
     def _applied_weight(self, ratio: torch.Tensor) -> torch.Tensor:
         """The importance weight the token loss applies: the ratio, except for CISPO's
