@@ -51,6 +51,7 @@ from pytest_polgrad.kinds._accumulation import Scheme, row_facts, schemes
 from pytest_polgrad.kinds._tokens import (
     TokenContext,
     bitwise_equal,
+    compare_tensor,
     compare_value,
     fmt,
     parameters,
@@ -433,6 +434,24 @@ def check_masked_positions(ctx: CriticContext, inputs: Mapping[str, Any]) -> flo
     return 0.0
 
 
+def check_padding_values(ctx: CriticContext, inputs: Mapping[str, Any]) -> float:
+    """Only ``values``, ``old_values`` and ``returns`` at padding change (to NaN with
+    ``padding_nan``): the accumulated loss and gradient stay the same."""
+    mask = inputs["response_mask"]
+    first = _shared_run(ctx, inputs)
+    fill = math.nan if ctx.options.padding_nan else -11.5
+    other = {k: v.masked_fill(~mask, fill) if k in CRITIC_INPUTS[:3] else v
+             for k, v in inputs.items()}  # fmt: skip
+    second = _run(ctx, other)
+    loss_scale, grad_scale = _scales(ctx, inputs, _reference(ctx, inputs)[1])
+    what = " when only the values at padding change" + (" (to NaN)" if math.isnan(fill) else "")
+    context = f"{what} with the split {inputs['split'].describe()}"
+    err = compare_tensor(ctx, second.grad, first.grad, grad_scale, mask,
+                         "the accumulated gradient in values", context)  # fmt: skip
+    return max(err, compare_value(ctx, second.loss, first.loss, loss_scale, int(mask.sum()),
+                                  "the accumulated value loss", context))  # fmt: skip
+
+
 def check_inputs_unchanged(ctx: CriticContext, inputs: Mapping[str, Any]) -> float:
     got = _run(ctx, inputs, snapshot=True)
     if got.changed:
@@ -462,6 +481,8 @@ _CHECKS = (
               _family("data-parallel"), domain="data-parallel"),
     KindCheck("masked-positions", "the accumulated gradient is exactly zero at padding",
               check_masked_positions, domain="any", semantic=False),
+    KindCheck("padding-values", "the accumulated loss and gradient do not depend on the "
+              "values at padding", check_padding_values, domain="any", semantic=False),
     KindCheck("inputs-unchanged", "no micro-batch input is modified in place",
               check_inputs_unchanged, domain="any", semantic=False),
     KindCheck("deterministic", "two runs of the same step agree bitwise", check_deterministic,
@@ -749,6 +770,13 @@ def critic_snippet(ctx: CriticContext, inputs: StepInputs, check: KindCheck) -> 
             "ratio = (grad * expected_grad).sum() / (expected_grad * expected_grad).sum()",
             "print('gradient / reference (least squares):', ratio.item())",
         ]
+    elif check.name == "padding-values":
+        fill = "float('nan')" if ctx.options.padding_nan else "-11.5"
+        other = [
+            f"other = {{k: torch.where({mask}, v, torch.full_like(v, {fill}))",
+            f"         if k in {list(CRITIC_INPUTS[:3])!r} else v for k, v in inputs.items()}}",
+        ]
+        lines = check_lines("same", other=other, what="other values at padding")
     else:
         lines = check_lines("masked" if check.name == "masked-positions" else check.name)
     return kind_snippet(

@@ -15,7 +15,12 @@ import pytest
 import torch
 
 from pytest_polgrad import ConformanceError, assert_conforms
-from pytest_polgrad.core.options import MarkerError
+from pytest_polgrad.core.engine import build_context
+from pytest_polgrad.core.kinds import get_kind
+from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.core.verdicts import CheckFailure
+from pytest_polgrad.kinds.training_step import distributed as D
+from pytest_polgrad.kinds.training_step.critic import critic_batch
 from tests.helpers import inline_run
 from tests.kinds.training_step import distributed_steps as S
 
@@ -64,7 +69,7 @@ def test_a_correct_critic_step_conforms(step: object, dtype: str) -> None:
     report = assert_conforms(step, "ppo", dtype=dtype, **FAST)  # type: ignore[arg-type]
     assert [r.check for r in report.results] == [
         "full-batch", "micro-batches", "data-parallel", "masked-positions",
-        "inputs-unchanged", "deterministic",
+        "padding-values", "inputs-unchanged", "deterministic",
     ]  # fmt: skip
 
 
@@ -85,6 +90,21 @@ def test_a_missing_world_size_factor_is_flagged_under_data_parallel_only() -> No
     failed = [r.check for r in info.value.report.results if not r.passed]
     assert failed == ["data-parallel"], failed
     assert "world-size factor is missing" in str(info.value)
+
+
+def critic_whitens_with_padding(
+    values: T, old_values: T, returns: T, response_mask: T, global_tokens: int, world_size: int
+) -> T:
+    """Returns scaled by the std of the padded tensor, padding included: the loss depends on
+    the values at padding."""
+    scaled = returns / returns.nan_to_num(0.0).std()
+    return S.critic_global(values, old_values, scaled, response_mask, global_tokens, world_size)
+
+
+def test_a_step_reading_the_values_at_padding_is_flagged() -> None:
+    with pytest.raises(ConformanceError) as info:
+        assert_conforms(critic_whitens_with_padding, "ppo", checks=("padding-values",), **FAST)
+    assert "when only the values at padding change" in str(info.value), str(info.value)
 
 
 def test_the_clip_range_is_the_references() -> None:
@@ -119,6 +139,36 @@ def test_on_a_real_ddp_group() -> None:
         assert_conforms(S.bug_critic_per_micro_batch, "ppo", **on_group)
     assert "normalised per micro-batch" in str(info.value)
     assert NAMED in info.value.report.results[0].diagnosis
+
+
+def test_on_a_real_fsdp_group_of_4_ranks() -> None:
+    """The same under FSDP2 on 4 gloo ranks: the correct step passes (float64, bf16 inputs),
+    a step all-reducing its own count runs as written (on the group, then), and verl PR
+    #6957's step is flagged there, its factor and scheme named."""
+    on_group: dict[str, Any] = {**FAST, "distributed": "fsdp", "world_size": 4,
+                                "max_examples": 2, "checks": ("data-parallel",)}  # fmt: skip
+    for step, dtype in [CORRECT[0], CORRECT[3]]:
+        assert_conforms(step, "ppo", dtype=dtype, **on_group)
+    assert_conforms(critic_all_reduced, "ppo", **on_group)
+    with pytest.raises(ConformanceError) as info:
+        assert_conforms(S.bug_critic_per_micro_batch, "ppo", **on_group)
+    assert "the value term is mis-scaled" in str(info.value), str(info.value)
+    assert "normalised per micro-batch" in str(info.value)
+    assert NAMED in info.value.report.results[0].diagnosis
+    # the corpus's data-parallel steps hold 2 ranks: a step of 4, through the check itself
+    opts = ConformanceOptions("ppo", kind="critic_step", distributed="fsdp", world_size=4)
+    four = {**critic_batch((3,) * 8), "split": S.split_of(4)}
+    D.shutdown(zygote=False)
+    assert _data_parallel(build_context(S.critic_global, opts), four) <= 1.0
+    assert [p.world_size for p in D.pools()] == [4], D.pools()
+    with pytest.raises(CheckFailure, match=r"4 rank\(s\) x 2 micro-batch.*2x the reference's"):
+        _data_parallel(build_context(S.bug_critic_per_micro_batch, opts), four)
+
+
+def _data_parallel(ctx: Any, inputs: dict[str, Any]) -> float:
+    (check,) = [c for c in get_kind("critic_step").checks(ctx.config, ctx.options)
+                if c.name == "data-parallel"]  # fmt: skip
+    return check.run(ctx, inputs)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +224,7 @@ def test_the_marker_generates_critic_items_and_goldens(pytester: pytest.Pytester
     result = inline_run.run(pytester, *args, "-rA")
     out = result.stdout.str()
     every = ("full-batch", "micro-batches", "data-parallel", "masked-positions",
-             "inputs-unchanged", "deterministic", "golden")  # fmt: skip
+             "padding-values", "inputs-unchanged", "deterministic", "golden")  # fmt: skip
     for check in every:
         assert f"PASSED test_critics.py::good[ppo-{check}]" in out, out
     assert "FAILED test_critics.py::verl_6957[ppo-micro-batches]" in out, out
