@@ -13,9 +13,12 @@ import pytest
 import torch
 
 from pytest_polgrad.core.engine import CheckResult, build_context, run_check
+from pytest_polgrad.core.kinds import get_kind
 from pytest_polgrad.core.options import ConformanceOptions, MarkerError
+from pytest_polgrad.core.verdicts import CheckFailure, Verdict
 from pytest_polgrad.kinds.training_step import distributed as D
 from pytest_polgrad.kinds.training_step.execute import fold
+from pytest_polgrad.kinds.training_step.kind import StepInputs
 from pytest_polgrad.strategies import Split
 from tests.kinds.training_step import distributed_steps as S
 
@@ -25,6 +28,17 @@ def _stop_pools() -> Iterator[None]:
     yield
     D.shutdown(zygote=False)  # the zygote stays for the next module's pools
     assert D.pools() == []
+
+
+EMPTY = "empty-micro-batches"
+
+
+def _on_step(ctx, inputs, name: str = "data-parallel") -> float:  # type: ignore[no-untyped-def]
+    """The kind's check ``name`` on one step (the engine's corpus holds 2-rank splits only,
+    and a small budget draws nothing beyond it: a 4-rank split is run this way)."""
+    (check,) = [c for c in get_kind("training_step").checks(ctx.config, ctx.options)
+                if c.name == name]  # fmt: skip
+    return check.run(ctx, inputs)
 
 
 def _run(fn, reference: str, check: str = "data-parallel", examples: int = 4,
@@ -48,12 +62,19 @@ DTYPES = [  # float64; computed in float32 inside; from bfloat16 inputs
 
 @pytest.mark.parametrize(("wrap", "world"), [("ddp", 2), ("fsdp", 2), ("ddp", 4), ("fsdp", 4)])
 def test_correct_steps_pass_on_the_real_group(wrap: str, world: int) -> None:
+    """The corpus (2-rank data-parallel steps) through the engine, and a step of ``world``
+    ranks with very different token counts (:data:`S.LENGTHS`) through the check itself."""
+    D.shutdown(zygote=False)
     for fn, reference, overrides in CORRECT:
         for replacement, dtype in DTYPES:
             step = replacement if replacement is not None and fn is S.token_mean_global else fn
-            result = _run(step, reference, distributed=wrap, world_size=world, dtype=dtype,
-                          overrides=overrides)  # fmt: skip
+            on = {"distributed": wrap, "world_size": world, "dtype": dtype, "overrides": overrides}
+            result = _run(step, reference, **on)
             assert result.passed, (step.__name__, dtype, result.report)
+            ctx = build_context(step, ConformanceOptions(reference, kind="training_step", **on))
+            batch = S.step_batch(getattr(torch, dtype))
+            assert _on_step(ctx, {**batch, "split": S.split_of(world)}) <= 1.0, step.__name__
+    assert sorted({p.world_size for p in D.pools()}) == sorted({2, world}), D.pools()
 
 
 MUTANTS = [  # (step, what the diagnosis names)
@@ -75,6 +96,19 @@ def test_a_scaling_bug_is_flagged_on_the_real_group_and_named(fn, named, wrap) -
 
 
 @pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+@pytest.mark.parametrize(("fn", "named"), MUTANTS, ids=[m[0].__name__ for m in MUTANTS])
+def test_a_scaling_bug_is_flagged_on_4_ranks_and_named(fn, named, wrap) -> None:  # type: ignore[no-untyped-def]
+    """The same bugs on a step of 4 ranks (one row per micro-batch, token counts 1 to 6)."""
+    opts = ConformanceOptions("dapo", kind="training_step", distributed=wrap, world_size=4)
+    ctx = build_context(fn, opts)
+    step = StepInputs(S.step_batch(), S.split_of(4))
+    with pytest.raises(CheckFailure, match=r"4 rank\(s\) x 2 micro-batch\(es\)"):
+        _on_step(ctx, step.as_kwargs())
+    assert named in get_kind("training_step").diagnose(ctx, step).text
+    assert 4 in [p.world_size for p in D.pools()], D.pools()
+
+
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
 def test_division_by_empty_micro_batches_is_flagged_on_the_real_group_and_named(wrap) -> None:  # type: ignore[no-untyped-def]
     """NeMo-RL #212 on the real group: the canonical step with a rank that holds no rows
     (checks=('empty-micro-batches',)); a correct token-mean step passes it there."""
@@ -86,23 +120,50 @@ def test_division_by_empty_micro_batches_is_flagged_on_the_real_group_and_named(
     assert _run(S.token_mean_global, "dapo", "empty-micro-batches", **empty).passed
 
 
-@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
-def test_a_multi_term_step_is_judged_term_by_term_on_the_real_group(wrap) -> None:  # type: ignore[no-untyped-def]
+def test_empty_micro_batches_on_4_fsdp_ranks() -> None:
+    """The check on a 4-rank split (rank 2 without rows, empty micro-batches on ranks 1 and
+    3; the canonical steps hold 2 ranks): the division by an empty micro-batch is named on
+    its rank, the correct token-mean step and the drawn 4-rank steps pass."""
+    opts = ConformanceOptions("dapo", kind="training_step", checks=(EMPTY,), distributed="fsdp",
+                              world_size=4)  # fmt: skip
+    four = Split((((0, 1), (2,)), ((3,), ()), ((), ()), ((4, 5), (6, 7))))
+    inputs = {**S.step_batch(), "split": four}
+    named = r"on a real fsdp process group \(4 ranks, rank [123]\)"
+    with pytest.raises((Verdict, CheckFailure), match=named) as info:
+        _on_step(build_context(S.bug_divides_by_empty, opts), inputs, EMPTY)
+    assert "division by empty micro-batches, NeMo-RL #212" in str(info.value)
+    good = build_context(S.token_mean_global, opts)
+    assert _on_step(good, inputs, EMPTY) <= 1.0
+    assert run_check(good, EMPTY, max_examples=4, base_seed=0).passed
+
+
+@pytest.mark.parametrize(("wrap", "world"), [("ddp", 2), ("fsdp", 2), ("ddp", 4)])
+def test_a_multi_term_step_is_judged_term_by_term_on_the_real_group(wrap: str, world: int) -> None:
     """policy + KL + entropy: each term's accumulated gradient comes from the real group's
-    reduction; the K-fold KL term is named, the correct step passes."""
-    assert _run(S.multi_term_global, "dapo", distributed=wrap, examples=2).passed
-    result = _run(S.bug_kl_term_k_fold, "dapo", distributed=wrap, examples=2)
+    reduction, on the corpus's 2-rank steps and on a step of ``world`` ranks; the K-fold KL
+    term is named, the correct step passes."""
+    on = {"distributed": wrap, "world_size": world}
+    assert _run(S.multi_term_global, "dapo", examples=2, **on).passed
+    result = _run(S.bug_kl_term_k_fold, "dapo", examples=2, **on)
     assert not result.passed
     assert "the kl term is mis-scaled" in result.message, result.message
     assert "2 rank(s) x 2 micro-batch(es)" in result.message
     assert "normalised per micro-batch; 2 micro-batches" in result.message
+    opts = ConformanceOptions("dapo", kind="training_step", **on)
+    step = {**S.step_batch(), "split": S.split_of(world)}
+    D.shutdown(zygote=False)
+    assert _on_step(build_context(S.multi_term_global, opts), step) <= 1.0
+    assert [p.world_size for p in D.pools()] == [world], D.pools()
+    named = rf"the kl term is mis-scaled with the split {world} rank\(s\) x 2 micro-batch"
+    with pytest.raises(CheckFailure, match=named) as info:
+        _on_step(build_context(S.bug_kl_term_k_fold, opts), step)
+    assert "normalised per micro-batch; 2 micro-batches" in str(info.value)
 
 
 @pytest.mark.parametrize(("wrap", "world"), [("ddp", 2), ("fsdp", 4)])
 def test_the_critic_step_on_the_real_group(wrap: str, world: int) -> None:
     """verl PR #6957 on the real group: the per-micro-batch value loss is K-fold and named;
     the global token-mean critic step passes (float64 and bf16 inputs)."""
-    from pytest_polgrad.core.verdicts import CheckFailure
     from pytest_polgrad.kinds.training_step.critic import check_critic_step, critic_batch
 
     split = S.split_of(world)
