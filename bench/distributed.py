@@ -22,7 +22,9 @@ global token count times the world size. Figures, one process, one torch thread:
 
 Each per-call figure is the median of ``--calls`` calls after one warm-up call. The
 closing note multiplies them out for one marked step whose data-parallel check runs 100
-examples plus the corpus's 8 canonical steps.
+examples plus the corpus's 8 canonical steps, and for one CI run: ``--marked`` marked steps
+(default 10), each with its two multi-rank split checks (``data-parallel``,
+``generation-steps``) on the group, one pool start per world size (the test process's).
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=15)
     parser.add_argument("--sizes", default="small,large")
     parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--marked", type=int, default=10, help="marked steps per CI run")
     args = parser.parse_args()
     torch.set_num_threads(1)
     sizes = [s.strip() for s in args.sizes.split(",")]
@@ -162,6 +165,12 @@ def main() -> None:
         print(f"one split check ({CHECK_CALLS} steps), {size}, world {world}: simulated "
               f"{per_check['simulated']:.2f} s; ddp {per_check['ddp']:.1f} s with the pool's "
               f"start; fsdp {per_check['fsdp']:.1f} s more on the same pool")  # fmt: skip
+    print()
+    checks = args.marked * 2 * CHECK_CALLS / 1e3  # calls of a CI run, in thousands
+    for size, _rows, _width, world, sim, ddp, fsdp in rows_out:
+        print(f"one CI run ({args.marked} marked steps x 2 split checks), {size}, world {world}: "
+              f"simulated {sim * checks:.1f} s; ddp {ddp * checks + starts[world]:.1f} s; fsdp "
+              f"{fsdp * checks + starts[world]:.1f} s (each with one pool start)")  # fmt: skip
 
 
 if __name__ == "__main__":
