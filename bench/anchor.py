@@ -8,10 +8,12 @@ the kit's (fresh ``seed=`` each round, so no pooled batch or cached reference re
 earlier round is reused: every round is a cold start for the kit's pool), and the figure is
 the median of the rounds' ratios. The older package must be importable as ``polgrad``::
 
-    PYTHONPATH=/tmp/oldpg .venv/bin/python bench/anchor.py [--rounds 7] [--profile]
+    PYTHONPATH=/tmp/oldpg .venv/bin/python bench/anchor.py [--rounds 7] [--profile] [--cpu]
 
 (``pip install --no-deps --target /tmp/oldpg polgrad==0.2.1``). ``--profile`` also prints
-the kit's top functions by cumulative and by own time over one extra round (cProfile).
+the kit's top functions by cumulative and by own time over one extra round (cProfile);
+``--cpu`` times this process's CPU time instead of wall time (a machine shared with other
+work: the wall time of both sides then varies by 2x from round to round).
 Target (issue 32): ratio <= 6x. The older package's check is about ten times smaller (64
 float64 batches of at most 4 x 12 tokens, value and gradient only); the kit's runs every
 applicable check on its corpus and pool (up to 4096-token rows). No test times anything.
@@ -164,12 +166,12 @@ LOSSES: tuple[tuple[Callable[..., Tensor], str], ...] = (
 """Ten correct policy losses and the registry name both packages know them by."""
 
 
-def _settled() -> float:
-    """``time.perf_counter()`` after a full collector pass, the heap then frozen (a pass
-    falling inside a timed segment would weigh on it)."""
+def _settled(clock: Callable[[], float] = time.perf_counter) -> float:
+    """``clock()`` after a full collector pass, the heap then frozen (a pass falling inside a
+    timed segment would weigh on it)."""
     gc.collect()
     gc.freeze()
-    return time.perf_counter()
+    return clock()
 
 
 def run_old() -> None:
@@ -196,21 +198,29 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7000, help="the first round's seed")
     parser.add_argument("--profile", action="store_true", help="cProfile one more kit round")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--cpu", action="store_true", help="CPU time of this process, not wall time"
+    )
     args = parser.parse_args()
+    clock = time.process_time if args.cpu else time.perf_counter
     torch.set_num_threads(1)
     run_old()  # imports and first-call warm-up of both, untimed
     run_kit(args.seed - 1)
     old_t: list[float] = []
     kit_t: list[float] = []
     for i in range(args.rounds):
-        t0 = _settled()
+        t0 = _settled(clock)
         run_old()
-        old_t.append(time.perf_counter() - t0)
-        t0 = _settled()
+        old_t.append(clock() - t0)
+        t0 = _settled(clock)
         run_kit(args.seed + i)
-        kit_t.append(time.perf_counter() - t0)
+        kit_t.append(clock() - t0)
     ratios = [k / o for k, o in zip(kit_t, old_t, strict=True)]
-    print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds, ten correct policy losses")
+    what = "CPU" if args.cpu else "wall"
+    print(
+        f"torch {torch.__version__}, 1 thread, {args.rounds} rounds, ten correct policy losses, "
+        f"{what} time"
+    )
     print(f"older polgrad assert_conforms (64 cases)  median {statistics.median(old_t):7.3f} s")
     print(f"pytest_polgrad assert_conforms (default)  median {statistics.median(kit_t):7.3f} s")
     print(
